@@ -1,0 +1,87 @@
+"""The `fedlm` command: run experiments, inspect partitions, report on run directories."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from fedlm.errors import UserError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedlm", description="Federated and split learning for language models.")
+    parser.add_argument("--data-dir", help="dataset directory (default: $FEDLM_DATA_DIR, else ../shared/data)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run an experiment (or every combination of its grid)")
+    run.add_argument("config", nargs="?", help="YAML config file")
+    run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. protocol.rounds=5")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its last checkpoint")
+    run.add_argument("--output-dir", help="where run directories go (default: the config's output_dir)")
+
+    part = sub.add_parser("partition", help="partition a config's data and write per-client statistics and plots")
+    part.add_argument("config")
+    part.add_argument("overrides", nargs="*")
+    part.add_argument("--out", help="output directory (default: <output_dir>/<name>/partition)")
+
+    report = sub.add_parser("report", help="tables and plots for finished run directories")
+    report.add_argument("run_dirs", nargs="+")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fedlm").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    os.environ.setdefault("HF_HUB_OFFLINE", "0")
+    try:
+        return _dispatch(args)
+    except UserError as err:
+        print(f"fedlm: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("fedlm: interrupted; resume with `fedlm run --resume RUN_DIR`", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from fedlm.config import load_config
+    from fedlm.data.sources import resolve_data_dir
+
+    if args.command == "report":
+        from fedlm.commands import report_runs
+
+        report_runs([Path(p) for p in args.run_dirs])
+        return 0
+    if args.command == "run":
+        if args.resume:
+            from fedlm.experiment import resume_run
+
+            resume_run(Path(args.resume), resolve_data_dir(args.data_dir))
+            return 0
+        if not args.config:
+            raise UserError("fedlm run needs a CONFIG file (or --resume RUN_DIR)")
+        config = load_config(args.config, args.overrides)
+        data_dir = resolve_data_dir(args.data_dir)
+        from fedlm.experiment import run_config
+
+        out = run_config(config, data_dir, Path(args.output_dir) if args.output_dir else None)
+        print(f"run directory: {out}")
+        return 0
+    if args.command == "partition":
+        from fedlm.commands import partition_report
+
+        config = load_config(args.config, args.overrides)
+        out = partition_report(config, resolve_data_dir(args.data_dir), Path(args.out) if args.out else None)
+        print(f"partition report: {out}")
+        return 0
+    raise UserError(f"unknown command {args.command}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""Per-client statistics of a partition: the table, the spreads, and the report that writes them.
+
+The same word statistics (words per text, vocabulary size) are used by the FDAPT partitioners to
+build their skews, so what the report measures is exactly what those partitioners optimise.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy import sparse
+from scipy.spatial.distance import jensenshannon
+from sklearn.feature_extraction.text import CountVectorizer
+
+if TYPE_CHECKING:
+    from fedlm.data.partition import Partition, PartitionInput
+
+WORD_PATTERN = r"(?u)\b\w+\b"
+SCORE_BINS = 10
+HEATMAP_CLIENTS = 100
+
+
+def word_matrix(texts: Sequence[str]) -> sparse.csr_matrix:
+    """Texts × word types count matrix (lower-cased ``\\w+`` words); one pass yields lengths,
+    vocabularies and document frequencies."""
+    vectorizer = CountVectorizer(token_pattern=WORD_PATTERN, lowercase=True, dtype=np.int32)
+    try:
+        return vectorizer.fit_transform(texts).tocsr()
+    except ValueError:  # sklearn refuses a corpus without a single word
+        return sparse.csr_matrix((len(texts), 0), dtype=np.int32)
+
+
+def words_per_text(words: sparse.csr_matrix) -> np.ndarray:
+    """Length of each text in words."""
+    return np.asarray(words.sum(axis=1)).ravel()
+
+
+def client_matrix(assignment: np.ndarray, num_clients: int) -> sparse.csr_matrix:
+    """Sparse clients × examples indicator (never dense: that would be clients × examples memory)."""
+    kept = np.flatnonzero(assignment >= 0)
+    ones = np.ones(kept.size, dtype=np.int32)
+    shape = (num_clients, assignment.size)
+    return sparse.csr_matrix((ones, (assignment[kept], kept)), shape=shape)
+
+
+def client_vocab_sizes(assignment: np.ndarray, num_clients: int, words: sparse.csr_matrix) -> np.ndarray:
+    """Number of distinct words each client holds."""
+    per_client = (client_matrix(assignment, num_clients) @ words).tocsr()
+    return np.diff(per_client.indptr)
+
+
+def client_means(assignment: np.ndarray, num_clients: int, values: np.ndarray) -> np.ndarray:
+    """Mean of ``values`` over each client's examples (NaN for an empty client)."""
+    kept = assignment >= 0
+    sums = np.bincount(assignment[kept], weights=values[kept], minlength=num_clients)
+    counts = np.bincount(assignment[kept], minlength=num_clients)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sums / counts
+
+
+def label_classes(labels: np.ndarray, label_names: list[str] | None) -> tuple[np.ndarray, list[str]]:
+    """Integer class per example and the class names; regression scores are cut into equal-width
+    bins so that their distribution can be shown and compared like labels."""
+    if labels.dtype.kind in "iub":
+        classes = labels.astype(np.int64)
+        count = int(classes.max()) + 1 if classes.size else 0
+        if label_names is not None and len(label_names) >= count:
+            return classes, list(label_names)
+        return classes, [str(c) for c in range(count)]
+    edges = np.linspace(float(labels.min()), float(labels.max()), SCORE_BINS + 1)
+    classes = np.clip(np.searchsorted(edges, labels, side="right") - 1, 0, SCORE_BINS - 1)
+    return classes, [f"{lo:.2f}-{hi:.2f}" for lo, hi in itertools.pairwise(edges)]
+
+
+def label_counts(
+    assignment: np.ndarray, num_clients: int, classes: np.ndarray, num_classes: int
+) -> np.ndarray:
+    """Clients × classes count matrix."""
+    kept = assignment >= 0
+    flat = assignment[kept].astype(np.int64) * num_classes + classes[kept]
+    return np.bincount(flat, minlength=num_clients * num_classes).reshape(num_clients, num_classes)
+
+
+def distributions(counts: np.ndarray) -> np.ndarray:
+    """Row-normalised counts (an empty client gets an all-zero row)."""
+    totals = counts.sum(axis=1, keepdims=True)
+    return np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+
+
+def js_divergence(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Jensen–Shannon divergence in bits along the last axis (scipy returns its square root)."""
+    return jensenshannon(p, q, axis=-1, base=2) ** 2
+
+
+def spread(values: np.ndarray) -> dict[str, float | None]:
+    """Mean, std, min and max across clients, ignoring empty clients' NaNs (None when nothing is left:
+    JSON has no NaN)."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return dict.fromkeys(("mean", "std", "min", "max"))
+    stats = {"mean": finite.mean(), "std": finite.std(), "min": finite.min(), "max": finite.max()}
+    return {key: float(value) for key, value in stats.items()}
+
+
+def client_statistics(partition: Partition, data: PartitionInput) -> dict[str, np.ndarray]:
+    """The per-client numbers the FDAPT skews are defined on: examples, mean words, vocabulary."""
+    k = partition.num_clients
+    stats = {"examples": partition.sizes().astype(np.float64)}
+    if data.texts is not None:
+        words = word_matrix(data.texts)
+        stats["mean_words"] = client_means(partition.assignment, k, words_per_text(words).astype(float))
+        stats["vocab_size"] = client_vocab_sizes(partition.assignment, k, words).astype(np.float64)
+    return stats
+
+
+def _csv_rows(stats: dict[str, np.ndarray], fractions: np.ndarray | None, names: list[str]) -> list[list]:
+    """One row per client: the statistics, then the label distribution."""
+    rows = []
+    for client in range(stats["examples"].size):
+        row: list[Any] = [client, *(_csv_value(values[client]) for values in stats.values())]
+        if fractions is not None:
+            row += [f"{x:.4f}" for x in fractions[client]]
+        rows.append(row)
+    return [["client", *stats, *(f"label_{name}" for name in names)], *rows]
+
+
+def _csv_value(value: float) -> str:
+    """Integers without a decimal point, other numbers to two places."""
+    if not np.isfinite(value):
+        return ""
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+
+
+def _write_csv(path: Path, rows: list[list]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+
+
+def label_section(
+    out_dir: Path, partition: Partition, labels: np.ndarray, label_names: list[str] | None
+) -> tuple[np.ndarray, list[str], dict[str, float]]:
+    """Per-client label distributions, the spread of their JS divergence to the overall distribution,
+    and the two heatmaps (first HEATMAP_CLIENTS clients: a 10,000² JS matrix would not be readable)."""
+    from fedlm.data import partition_plots
+
+    k = partition.num_clients
+    classes, names = label_classes(labels, label_names)
+    counts = label_counts(partition.assignment, k, classes, len(names))
+    fractions = distributions(counts)
+    overall = distributions(counts.sum(axis=0, keepdims=True))[0]
+    shown = fractions[:HEATMAP_CLIENTS]
+    partition_plots.plot_label_heatmap(out_dir / "label_distribution.png", shown, names, k)
+    pairwise = js_divergence(shown[:, None, :], shown[None, :, :])
+    partition_plots.plot_js_heatmap(out_dir / "js_divergence.png", pairwise, k)
+    return fractions, names, spread(js_divergence(fractions, overall))
+
+
+def write_partition_report(
+    out_dir: Path, partition: Partition, data: PartitionInput, label_names: list[str] | None
+) -> dict:
+    """Write partition.csv, partition_summary.json and the PNGs (label heatmap, JS heatmap, size
+    histogram) to ``out_dir``; return the summary."""
+    from fedlm.data import partition_plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stats = client_statistics(partition, data)
+    summary: dict[str, Any] = {
+        "num_clients": partition.num_clients,
+        "num_examples": int(partition.assignment.size),
+        "left_out": partition.left_out,
+        "statistics": {name: spread(values) for name, values in stats.items()},
+    }
+    partition_plots.plot_size_histogram(out_dir / "client_sizes.png", partition.sizes())
+    fractions, names = None, []
+    if data.labels is not None and len(data.labels):
+        fractions, names, js = label_section(out_dir, partition, np.asarray(data.labels), label_names)
+        summary["statistics"]["js_to_overall"] = js
+    _write_csv(out_dir / "partition.csv", _csv_rows(stats, fractions, names))
+    (out_dir / "partition_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary

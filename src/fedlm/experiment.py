@@ -1,0 +1,326 @@
+"""From a validated config to a finished run: data -> partition -> model -> round engine -> run directory."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from fedlm.config import ExperimentConfig, dump_config, expand_grid, read_yaml, validate
+from fedlm.data.partition import Partition, PartitionInput, build_partitioner, partition_cached
+from fedlm.data.sources import LoadedData, load_source
+from fedlm.errors import UserError
+from fedlm.federation.client import LocalSettings
+from fedlm.federation.codecs import get_codec
+from fedlm.federation.engine import EngineHooks, RoundEngine, RoundPlan
+from fedlm.federation.params import NamedTensors, load_into, snapshot, trainable_names
+from fedlm.federation.simulation import ClientStore, InProcessExecutor
+from fedlm.federation.strategies import build_strategy
+from fedlm.models.build import build_model, build_tokenizer
+from fedlm.recorder import RunRecorder, read_metrics
+from fedlm.report import markdown_table, plot_grid, plot_run, summarize
+from fedlm.tasks import get_task
+
+log = logging.getLogger("fedlm")
+DECODERS = ("gpt2", "llama")
+
+
+def resolve_task(requested: str, data_kind: str, family: str) -> str:
+    if requested != "auto":
+        if (requested in ("mlm", "clm")) != (data_kind == "lm") and data_kind == "lm":
+            raise UserError(f"task = {requested!r} needs labels, but the data source is unlabeled text")
+        return requested
+    if data_kind == "lm":
+        return "clm" if family in DECODERS else "mlm"
+    return data_kind
+
+
+def num_clients_of(config: ExperimentConfig) -> int:
+    return 1 if config.protocol.kind == "centralized" else config.partition.num_clients
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built once: per-client tokenized rows, the model, the task."""
+
+    config: ExperimentConfig
+    loaded: LoadedData
+    task_name: str
+    task: Any
+    tokenizer: Any
+    model: torch.nn.Module
+    client_train: dict[int, list[dict]]
+    client_test: dict[int, list[dict]]
+    test_rows: list[dict]
+    partition_sizes: dict[str, list[int]] = field(default_factory=dict)
+
+
+def partition_input(loaded: LoadedData, split: str) -> PartitionInput:
+    ds = loaded.splits[split]
+    labels = np.asarray(ds["label"]) if "label" in ds.column_names else None
+    extra = {c: ds[c] for c in ds.column_names if c not in ("text", "text_pair", "label")}
+    return PartitionInput(n=len(ds), labels=labels, texts=ds["text"], columns=extra or None,
+                          fingerprint=f"{loaded.fingerprint}:{split}")
+
+
+def split_rows(task: Any, ds: Any, part: Partition, tokenizer: Any, max_length: int) -> dict[int, list[dict]]:
+    """Tokenize each client's share separately: for LM tasks a client's blocks are packed from its own text."""
+    rows = {}
+    for cid in range(part.num_clients):
+        idx = part.client_indices(cid)
+        rows[cid] = task.preprocess(ds.select(idx), tokenizer, max_length).to_list() if len(idx) else []
+    return rows
+
+
+def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = None) -> Prepared:
+    loaded = load_source(config.data.source, data_dir, columns=config.data.columns,
+                         file_format=config.data.format, test_fraction=config.data.test_fraction,
+                         seed=config.seed, max_train_examples=config.data.max_train_examples,
+                         max_test_examples=config.data.max_test_examples)
+    task_name = resolve_task(config.task, loaded.kind, config.model.family)
+    n_clients = num_clients_of(config)
+    spec = {"kind": "iid"} if n_clients == 1 else config.partition.spec()
+    partitioner = build_partitioner(spec)
+    train_part = partition_cached(partitioner, partition_input(loaded, "train"), n_clients, config.seed, cache_dir)
+    test_part = partition_cached(partitioner, partition_input(loaded, "test"), n_clients, config.seed, cache_dir)
+    train = loaded.splits["train"]
+    texts = list(train["text"]) + (list(train["text_pair"]) if "text_pair" in train.column_names else [])
+    tokenizer = build_tokenizer(config.model.checkpoint, config.model.family, texts,
+                                config.model.vocab_size, cache_dir)
+    num_labels = len(loaded.label_names) if loaded.label_names else None
+    model = build_model(config.model.family, config.model.preset, task_name, tokenizer, num_labels=num_labels,
+                        checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed)
+    task = get_task(task_name)
+    max_len = config.model.max_length
+    test_ds = task.preprocess(loaded.splits["test"], tokenizer, max_len)
+    return Prepared(
+        config=config, loaded=loaded, task_name=task_name, task=task, tokenizer=tokenizer, model=model,
+        client_train=split_rows(task, train, train_part, tokenizer, max_len),
+        client_test=split_rows(task, loaded.splits["test"], test_part, tokenizer, max_len),
+        test_rows=test_ds.to_list(),
+        partition_sizes={"train": train_part.sizes().tolist(), "test": test_part.sizes().tolist()},
+    )
+
+
+class Evaluator:
+    """Global model on the global test split; each evaluated client's model on its local test split."""
+
+    def __init__(self, prep: Prepared, store: ClientStore, isolated: bool) -> None:
+        self.prep = prep
+        self.store = store
+        self.isolated = isolated
+        self.batch_size = prep.config.eval.batch_size
+        self.local = prep.config.eval.local and prep.config.protocol.kind != "centralized"
+
+    def _score(self, rows: list[dict]) -> dict[str, float]:
+        generator = torch.Generator().manual_seed(self.prep.config.seed)
+        return self.prep.task.evaluate(self.prep.model, rows, self.batch_size, generator)
+
+    def _client_model(self, global_params: NamedTensors, client_id: int) -> None:
+        load_into(self.prep.model, global_params)
+        load_into(self.prep.model, self.store.get(client_id))
+
+    def __call__(self, round_idx: int, global_params: NamedTensors, clients: list[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.isolated:
+            per_client = {}
+            for cid in clients:
+                self._client_model(global_params, cid)
+                per_client[cid] = self._score(self.prep.test_rows)
+            out.update(_spread("test", per_client))
+        else:
+            load_into(self.prep.model, global_params)
+            out.update({f"test_{k}": v for k, v in self._score(self.prep.test_rows).items()})
+        if self.local:
+            per_client = {}
+            for cid in clients:
+                if self.prep.client_test.get(cid):
+                    self._client_model(global_params, cid)
+                    per_client[cid] = self._score(self.prep.client_test[cid])
+            out.update(_spread("local", per_client))
+        return out
+
+
+def _spread(prefix: str, per_client: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """Mean and std over clients of every metric, plus the per-client values."""
+    if not per_client:
+        return {}
+    out: dict[str, Any] = {}
+    for metric in next(iter(per_client.values())):
+        values = np.array([m[metric] for m in per_client.values()], dtype=float)
+        out[f"{prefix}_{metric}_mean"] = float(values.mean())
+        out[f"{prefix}_{metric}_std"] = float(values.std())
+    out[f"{prefix}_by_client"] = {str(c): m for c, m in per_client.items()}
+    return out
+
+
+def _progress_enabled() -> bool:
+    return sys.stderr.isatty()
+
+
+def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resume: bool = False,
+               executor_factory: Any = None) -> dict[str, Any]:
+    """Run (or resume) one experiment into ``run_dir``; returns its summary row."""
+    recorder = RunRecorder(run_dir)
+    checkpoint = recorder.load_checkpoint() if resume else None
+    if not resume:
+        if recorder.metrics_path.exists():
+            recorder.metrics_path.unlink()
+        recorder.write_text("config.yaml", dump_config(config))
+    torch.manual_seed(config.seed)
+    prep = prepare(config, data_dir, cache_dir=Path(config.output_dir) / ".cache")
+    recorder.write_json("data.json", {
+        "source": config.data.source, "kind": prep.loaded.kind, "task": prep.task_name,
+        "label_names": prep.loaded.label_names, "split_note": prep.loaded.split_note,
+        "train_examples": len(prep.loaded.splits["train"]), "test_examples": len(prep.loaded.splits["test"]),
+        "partition": config.partition.spec(), "client_sizes": prep.partition_sizes,
+    })
+    protocol = config.protocol
+    isolated = protocol.kind == "isolated"
+    names = trainable_names(prep.model)
+    shared = [] if isolated else names
+    initial = snapshot(prep.model, names)
+    store = ClientStore({n: initial[n] for n in names if n not in shared})
+    global_params = {n: initial[n] for n in shared}
+    strategy = build_strategy(protocol)
+    codec = get_codec("fp32" if protocol.kind == "centralized" else protocol.codec)
+    start = 1
+    if checkpoint is not None:
+        global_params = checkpoint["global"]
+        strategy.load_state_dict(checkpoint["strategy"])
+        store.load(recorder.client_store_path)
+        start = checkpoint["round"] + 1
+        recorder.truncate_after(checkpoint["round"])
+        log.info("resuming %s from round %d", run_dir, start)
+    elif resume:
+        recorder.truncate_after(0)
+    n_clients = num_clients_of(config)
+    per_round = n_clients if isolated or protocol.kind == "centralized" else (
+        protocol.clients_per_round or max(1, round(protocol.fraction * n_clients)))
+    plan = RoundPlan(rounds=protocol.rounds, clients_per_round=min(per_round, n_clients),
+                     min_clients=min(protocol.min_clients, per_round), max_retries=protocol.max_retries,
+                     timeout_s=protocol.client_timeout_s, seed=config.seed,
+                     count_bytes=protocol.kind not in ("centralized", "isolated"),
+                     eval_every=config.eval.every, checkpoint_every=config.checkpoint_every)
+    target, direction = prep.task.target_metric()
+    bar = tqdm(total=protocol.rounds, initial=start - 1, desc=f"{config.name} rounds", unit="round",
+               disable=not _progress_enabled(), dynamic_ncols=True)
+    client_bar = tqdm(total=plan.clients_per_round, desc="clients", leave=False, unit="client",
+                      disable=not _progress_enabled(), dynamic_ncols=True)
+
+    def on_client(_: int) -> None:
+        client_bar.update(1)
+
+    def on_round(round_idx: int, record: dict[str, Any]) -> None:
+        client_bar.reset()
+        bar.update(1)
+        headline = {k: v for k, v in record.items() if k.startswith(("test_", "local_")) and target in k
+                    and not k.endswith("by_client")}
+        bar.set_postfix({k: f"{v:.4f}" for k, v in headline.items()} | {"loss": f"{record['train_loss']:.4f}"})
+        if not _progress_enabled():
+            shown = " ".join(f"{k}={v:.4f}" for k, v in headline.items())
+            print(f"[{config.name}] round {round_idx}/{protocol.rounds} train_loss={record['train_loss']:.4f} "
+                  f"{shown} wall={record['wall_s']:.1f}s", flush=True)
+
+    def save_checkpoint(round_idx: int, params: NamedTensors) -> None:
+        store.save(recorder.client_store_path)
+        recorder.save_checkpoint(round_idx, {"global": params, "strategy": strategy.state_dict()})
+
+    local_names = [n for n in names if n not in shared]
+    executor = (executor_factory or InProcessExecutor)(
+        prep.model, prep.task, prep.client_train, codec, store, local_names, progress=on_client)
+    engine = RoundEngine(
+        strategy=strategy, executor=executor, codec=codec, client_ids=list(range(n_clients)),
+        settings=LocalSettings.from_config(config.train), plan=plan,
+        hooks=EngineHooks(evaluate=Evaluator(prep, store, isolated), record=recorder.log_round,
+                          checkpoint=save_checkpoint, on_round=on_round))
+    final = engine.run(global_params, start_round=start)
+    bar.close()
+    client_bar.close()
+    save_final_model(prep, final, store, run_dir / "model", isolated, n_clients)
+    records = recorder.records()
+    plot_run(records, target, run_dir, f"{config.name}: {protocol.kind} on {config.data.source}")
+    row = {"run": config.name, "protocol": protocol.kind, **summarize(records, target, direction)}
+    recorder.write_text("summary.md", markdown_table([row]))
+    return row
+
+
+def save_final_model(prep: Prepared, final: NamedTensors, store: ClientStore, path: Path, isolated: bool,
+                     n_clients: int) -> None:
+    """Save with save_pretrained so the result loads in plain transformers (isolated: one per client, <= 10)."""
+    if isolated:
+        for cid in range(min(n_clients, 10)):
+            load_into(prep.model, store.get(cid))
+            prep.model.save_pretrained(path / f"client_{cid}")
+            prep.tokenizer.save_pretrained(path / f"client_{cid}")
+        return
+    load_into(prep.model, final)
+    prep.model.save_pretrained(path)
+    prep.tokenizer.save_pretrained(path)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_") or "run"
+
+
+def run_config(config: ExperimentConfig, data_dir: Path, output_dir: Path | None = None) -> Path:
+    """Run a config, or every combination of its grid; returns the run (or grid) directory."""
+    root = (output_dir or Path(config.output_dir)) / slug(config.name)
+    runs = expand_grid(config)
+    if len(runs) == 1 and not runs[0][0]:
+        row = run_single(config, data_dir, root)
+        print(markdown_table([row]))
+        return root
+    return _run_grid(config, runs, data_dir, root)
+
+
+def _run_grid(config: ExperimentConfig, runs: list, data_dir: Path, root: Path, resume: bool = False) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "grid.yaml").write_text(dump_config(config))
+    rows, curves = [], []
+    for label, sub in runs:
+        run_dir = root / slug(label)
+        done = resume and _finished(run_dir, sub.protocol.rounds)
+        if not done:
+            sub = sub.model_copy(update={"name": f"{config.name}[{label}]"})
+            run_single(sub, data_dir, run_dir, resume=resume and (run_dir / "config.yaml").exists())
+        records = read_metrics(run_dir)
+        target, direction = get_task(_task_of(run_dir)).target_metric()
+        rows.append({"run": label, **summarize(records, target, direction)})
+        curves.append((label, records))
+    plot_grid(curves, target, root / "comparison.png", f"{config.name}: {target} per round")
+    table = markdown_table(rows)
+    (root / "comparison.md").write_text(table)
+    print(table)
+    return root
+
+
+def _task_of(run_dir: Path) -> str:
+    import json
+
+    return json.loads((run_dir / "data.json").read_text())["task"]
+
+
+def _finished(run_dir: Path, rounds: int) -> bool:
+    records = read_metrics(run_dir)
+    return bool(records) and records[-1].get("round") == rounds and (run_dir / "model").exists()
+
+
+def resume_run(run_dir: Path, data_dir: Path) -> Path:
+    """Continue a run (or every unfinished run of a grid) from its last checkpoint."""
+    if (run_dir / "grid.yaml").is_file():
+        config = validate(read_yaml(run_dir / "grid.yaml"))
+        return _run_grid(config, expand_grid(config), data_dir, run_dir, resume=True)
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"--resume {run_dir}: no config.yaml there; give the directory a run wrote")
+    config = validate(read_yaml(run_dir / "config.yaml"))
+    row = run_single(config, data_dir, run_dir, resume=True)
+    print(markdown_table([row]))
+    return run_dir

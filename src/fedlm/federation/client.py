@@ -1,0 +1,105 @@
+"""Local training on one client's data: the same code serves centralized, simulated and Flower clients.
+
+A client starts each round from the parameters it is sent, with a fresh optimizer (clients keep no
+optimizer state between rounds, as in FedAvg), and trains for local epochs or a fixed number of steps.
+All randomness (data order, masking, dropout) comes from one seed per (run seed, round, client).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedlm.federation.params import NamedTensors
+
+
+class ClientTimeout(RuntimeError):
+    """Raised inside local training when the round's deadline passes."""
+
+
+def local_seed(seed: int, round_idx: int, client_id: int) -> int:
+    """A 63-bit seed unique to (run seed, round, client), stable across processes and resumes."""
+    mixed = (seed * 1_000_003 + round_idx) * 1_000_033 + client_id
+    return mixed % (2**63 - 1)
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    optimizer: str = "adamw"
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    batch_size: int = 16
+    local_epochs: int = 1
+    local_steps: int | None = None
+    max_grad_norm: float | None = 1.0
+    mu: float = 0.0
+
+    @classmethod
+    def from_config(cls, train: Any, extra: dict[str, Any] | None = None) -> LocalSettings:
+        fields = {k: getattr(train, k) for k in cls.__dataclass_fields__ if hasattr(train, k)}
+        fields.update(extra or {})
+        return cls(**fields)
+
+
+def make_optimizer(params: list[torch.nn.Parameter], settings: LocalSettings) -> torch.optim.Optimizer:
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
+                               weight_decay=settings.weight_decay)
+    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+def batch_order(num_rows: int, settings: LocalSettings, generator: torch.Generator) -> list[list[int]]:
+    """Batches of row indices: shuffled each epoch; local_steps (if set) cycles epochs until reached."""
+    batches: list[list[int]] = []
+    epochs = settings.local_epochs
+    while True:
+        for _ in range(epochs):
+            order = torch.randperm(num_rows, generator=generator).tolist()
+            batches.extend(order[i:i + settings.batch_size] for i in range(0, num_rows, settings.batch_size))
+        if settings.local_steps is None:
+            return batches
+        if len(batches) >= settings.local_steps:
+            return batches[: settings.local_steps]
+        epochs = 1
+
+
+def proximal_term(model: torch.nn.Module, anchor: NamedTensors) -> torch.Tensor:
+    """sum ||w - w_anchor||^2 over the anchored parameters (FedProx)."""
+    params = dict(model.named_parameters())
+    terms = [(params[n] - a).pow(2).sum() for n, a in anchor.items()]
+    return torch.stack(terms).sum()
+
+
+def train_locally(model: torch.nn.Module, task: Any, rows: Sequence[dict], settings: LocalSettings, *,
+                  seed: int, anchor: NamedTensors | None = None, deadline: float | None = None,
+                  on_step: Callable[[], None] | None = None) -> dict[str, float]:
+    """Train ``model`` in place on ``rows`` (pre-tokenized examples); return train loss and counts."""
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(trainable, settings)
+    use_prox = settings.mu > 0 and anchor is not None
+    loss_sum, units, steps = 0.0, 0, 0
+    for batch_rows in batch_order(len(rows), settings, generator):
+        if deadline is not None and time.monotonic() > deadline:
+            raise ClientTimeout(f"local training passed its deadline after {steps} steps")
+        batch = task.collate([rows[i] for i in batch_rows], generator)
+        loss, count = task.loss(model, batch)
+        objective = loss + 0.5 * settings.mu * proximal_term(model, anchor) if use_prox else loss
+        optimizer.zero_grad(set_to_none=True)
+        objective.backward()
+        if settings.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(trainable, settings.max_grad_norm)
+        optimizer.step()
+        loss_sum += float(loss.detach()) * count
+        units += count
+        steps += 1
+        if on_step is not None:
+            on_step()
+    return {"train_loss": loss_sum / max(units, 1), "steps": float(steps), "examples": float(len(rows))}

@@ -1,0 +1,156 @@
+"""The one round loop: sample clients -> local work -> encode -> aggregate -> evaluate -> record.
+
+Every protocol (centralized, isolated, FedAvg, FedProx, FedOpt) is this loop with a different strategy and
+a different split of parameters into global (sent, aggregated) and local (kept by each client). Where the
+clients run is the executor's business: in this process for simulation, or behind Flower for deployment.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fedlm.federation.client import LocalSettings, local_seed
+from fedlm.federation.codecs import CastCodec, Encoded
+from fedlm.federation.params import NamedTensors
+from fedlm.federation.strategies import ClientUpdate, FedAvg, sample_clients
+
+log = logging.getLogger("fedlm")
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One client's instructions for one round."""
+
+    client_id: int
+    round_idx: int
+    params: Encoded
+    settings: LocalSettings
+    seed: int
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientFailure:
+    client_id: int
+    reason: str
+
+
+@dataclass
+class ClientReport:
+    """An update as the server received it: decoded params plus what it cost to send."""
+
+    update: ClientUpdate
+    upload_bytes: int
+
+
+class Executor(Protocol):
+    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]: ...
+
+
+class RoundFailed(RuntimeError):
+    """Too few clients reported, even after the allowed retries."""
+
+
+@dataclass
+class RoundPlan:
+    """The protocol-level settings the loop needs, decoupled from the config classes."""
+
+    rounds: int
+    clients_per_round: int
+    min_clients: int = 1
+    max_retries: int = 2
+    timeout_s: float | None = None
+    seed: int = 0
+    count_bytes: bool = True
+    eval_every: int = 1
+    checkpoint_every: int = 1
+
+
+@dataclass
+class EngineHooks:
+    """Where the loop hands off: evaluation, recording and checkpointing live outside it."""
+
+    evaluate: Callable[[int, NamedTensors, list[int]], dict[str, Any]] | None = None
+    record: Callable[[dict[str, Any]], None] | None = None
+    checkpoint: Callable[[int, NamedTensors], None] | None = None
+    on_round: Callable[[int, dict[str, Any]], None] | None = None
+
+
+@dataclass
+class RoundEngine:
+    strategy: FedAvg
+    executor: Executor
+    codec: CastCodec
+    client_ids: list[int]
+    settings: LocalSettings
+    plan: RoundPlan
+    hooks: EngineHooks = field(default_factory=EngineHooks)
+
+    def run(self, global_params: NamedTensors, start_round: int = 1) -> NamedTensors:
+        for round_idx in range(start_round, self.plan.rounds + 1):
+            global_params = self.run_round(round_idx, global_params)
+        return global_params
+
+    def run_round(self, round_idx: int, global_params: NamedTensors) -> NamedTensors:
+        started = time.perf_counter()
+        sent = self.codec.encode(global_params)
+        settings = LocalSettings(**{**self.settings.__dict__, **self.strategy.client_config()})
+        download_bytes = 0
+        failures: list[ClientFailure] = []
+        for attempt in range(self.plan.max_retries + 1):
+            sampled = sample_clients(self.client_ids, self.plan.clients_per_round, self.plan.seed,
+                                     round_idx, attempt)
+            jobs = [ClientJob(cid, round_idx, sent, settings, local_seed(self.plan.seed, round_idx, cid),
+                              self.plan.timeout_s) for cid in sampled]
+            download_bytes += sent.total_bytes * len(jobs)
+            results = self.executor.run(jobs)
+            reports = [r for r in results if isinstance(r, ClientReport)]
+            failed = [r for r in results if isinstance(r, ClientFailure)]
+            for failure in failed:
+                log.warning("round %d: client %d left out: %s", round_idx, failure.client_id, failure.reason)
+            failures.extend(failed)
+            if len(reports) >= self.plan.min_clients:
+                break
+            log.warning("round %d: %d of %d clients reported, need %d; retrying (attempt %d)", round_idx,
+                        len(reports), len(jobs), self.plan.min_clients, attempt + 1)
+        else:
+            reasons = "; ".join(f"client {f.client_id}: {f.reason}" for f in failures[-5:])
+            raise RoundFailed(f"round {round_idx}: fewer than {self.plan.min_clients} clients reported "
+                              f"after {self.plan.max_retries + 1} attempts ({reasons})")
+        updates = [r.update for r in reports]
+        if global_params:
+            global_params = self.strategy.aggregate(global_params, updates)
+        record = self._round_record(round_idx, updates, failures, download_bytes,
+                                    sum(r.upload_bytes for r in reports))
+        if self._due(round_idx, self.plan.eval_every) and self.hooks.evaluate is not None:
+            record.update(self.hooks.evaluate(round_idx, global_params, [u.client_id for u in updates]))
+        record["wall_s"] = time.perf_counter() - started
+        if self.hooks.record is not None:
+            self.hooks.record(record)
+        if self._due(round_idx, self.plan.checkpoint_every) and self.hooks.checkpoint is not None:
+            self.hooks.checkpoint(round_idx, global_params)
+        if self.hooks.on_round is not None:
+            self.hooks.on_round(round_idx, record)
+        return global_params
+
+    def _due(self, round_idx: int, every: int) -> bool:
+        return round_idx % every == 0 or round_idx == self.plan.rounds
+
+    def _round_record(self, round_idx: int, updates: list[ClientUpdate], failures: list[ClientFailure],
+                      download_bytes: int, upload_bytes: int) -> dict[str, Any]:
+        examples = sum(u.num_examples for u in updates)
+        loss = sum(u.metrics.get("train_loss", math.nan) * u.num_examples for u in updates) / max(examples, 1)
+        return {
+            "round": round_idx,
+            "train_loss": loss,
+            "clients": [u.client_id for u in updates],
+            "failed": [{"client": f.client_id, "reason": f.reason} for f in failures],
+            "train_examples": examples,
+            "bytes_down": download_bytes if self.plan.count_bytes else 0,
+            "bytes_up": upload_bytes if self.plan.count_bytes else 0,
+        }

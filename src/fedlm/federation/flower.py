@@ -1,0 +1,397 @@
+"""The round engine across machines: Flower (flwr >= 1.41 message API) as one more ``Executor``.
+
+There is no second round loop. The ``ServerApp`` calls ``experiment.run_single`` with a ``FlowerExecutor``,
+so sampling, aggregation, evaluation, recording, checkpoints and the run directory are the simulator's.
+Each sampled client's job becomes one Flower message; the ``ClientApp`` on the node runs ``fit_client``,
+the function the in-process simulator calls, and replies with its update.
+
+Who is client i: a SuperNode is fedlm client ``partition-id`` of its node config (the key Flower's own
+simulation runtime sets). At start the server sends every node a ``query`` message and routes client i's
+jobs to the node that answered ``partition-id = i`` (flwr 1.41's ``Grid`` does not expose node configs).
+
+What travels:
+
+* ``query`` (server -> each node, once): empty; reply ``ConfigRecord`` "node" = {"partition-id": int}.
+* ``train`` (server -> the node of each sampled client, group id = round):
+  "arrays" ``ArrayRecord``: the global parameters in the codec's dtype (fp16 travels as fp16; bf16, which
+  numpy lacks, as raw little-endian bytes with stype "torch.raw");
+  "config" ``ConfigRecord``: round, client-id, seed, codec, timeout-s, experiment (the config's YAML, so
+  nodes cannot drift from the server), and ``settings.<field>`` for every ``LocalSettings`` field.
+  A key that is absent stands for None.
+* reply: "arrays" (the client's update, codec dtype), "metrics" ``MetricRecord`` (num-examples and the
+  training metrics: train_loss, steps, examples), "config" {"client-id"}; or a Flower error reply whose
+  reason reads like the simulator's failure reasons ("timeout: ...", "non-finite update: ...").
+
+Upload bytes are ``ArrayRecord.count_bytes()`` of the reply: serialized arrays plus their names.
+
+Deploy across machines (checked on one machine with flwr 1.41; every machine needs fedlm installed and
+the data, the server too, for evaluation). Protocols that keep parameters on the clients (isolated) are
+refused: run those in simulation.
+
+    # server machine S: the SuperLink (one HTTP API for SuperNodes and for `flwr`)
+    flower-superlink --insecure --host 0.0.0.0 --port 8000 --disable-runtime-dependency-installation
+    # each client machine, i = 0..n-1 (several on one machine: give each its own --port)
+    flower-supernode --insecure --superlink S:8000 --node-config "partition-id=i data-dir='/path/to/data'"
+    # the launcher, with this in $FLWR_HOME/config.toml (default ~/.flwr/config.toml):
+    #   [superlink.fedlm]
+    #   address = "S:8000"
+    #   insecure = true
+    flwr run deploy/flower fedlm --stream \\
+        --run-config "config='/path/on/S/experiment.yaml' data-dir='/path/on/S/data' run-dir='runs/flower'"
+
+Run config keys (deploy/flower/pyproject.toml): config, data-dir, run-dir, node-wait-s (how long to wait
+for every client's node at start), reply-timeout-s (how long a round waits for replies). With the default
+subprocess isolation a SuperNode starts a fresh ClientApp process per message, so each round re-runs
+``prepare`` on the node; the per-process cache pays off where ClientApps stay in one process (simulation).
+Use TLS (--ssl-* / root certificates) instead of --insecure outside a trusted network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid, ServerApp
+
+from fedlm.config import dump_config, read_yaml, validate
+from fedlm.errors import UserError
+from fedlm.experiment import Prepared, num_clients_of, prepare, run_single, slug
+from fedlm.federation.client import ClientTimeout, LocalSettings
+from fedlm.federation.codecs import CastCodec, Encoded, get_codec
+from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.params import NamedTensors, all_finite, nbytes
+from fedlm.federation.strategies import ClientUpdate
+from fedlm.federation.worker import NonFiniteUpdate, fit_client
+
+log = logging.getLogger("fedlm")
+
+RAW_STYPE = "torch.raw"
+PARTITION_KEY = "partition-id"
+DEFAULT_NODE_WAIT_S = 300.0
+DEFAULT_REPLY_TIMEOUT_S = 3600.0
+
+
+# ---- tensors <-> Flower arrays --------------------------------------------------------------------------
+
+
+def to_array(tensor: torch.Tensor) -> Array:
+    """One tensor as a Flower Array, keeping its dtype (numpy format, or raw bytes for bf16)."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        raw = tensor.reshape(-1).view(torch.int16).numpy().tobytes()
+        return Array(dtype="bfloat16", shape=tuple(tensor.shape), stype=RAW_STYPE, data=raw)
+    return Array(tensor.numpy())
+
+
+def from_array(array: Array) -> torch.Tensor:
+    if array.stype == RAW_STYPE:
+        flat = torch.frombuffer(bytearray(array.data), dtype=getattr(torch, array.dtype))
+        return flat.reshape(array.shape)
+    return torch.from_numpy(array.numpy())
+
+
+def to_array_record(tensors: NamedTensors) -> ArrayRecord:
+    return ArrayRecord({name: to_array(t) for name, t in tensors.items()})
+
+
+def from_array_record(record: ArrayRecord) -> NamedTensors:
+    return {name: from_array(array) for name, array in record.items()}
+
+
+# ---- what a train message carries -----------------------------------------------------------------------
+
+
+def config_sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def job_content(job: ClientJob, experiment: str) -> RecordDict:
+    """A ClientJob as message content; None values are left out (absent = None)."""
+    values: dict[str, Any] = {
+        "round": job.round_idx, "client-id": job.client_id, "seed": job.seed, "codec": job.params.codec,
+        "timeout-s": job.timeout_s, "experiment": experiment,
+        **{f"settings.{name}": value for name, value in asdict(job.settings).items()},
+    }
+    config = ConfigRecord({k: v for k, v in values.items() if v is not None})
+    return RecordDict({"arrays": to_array_record(job.params.tensors), "config": config})
+
+
+def job_from_content(content: RecordDict) -> tuple[ClientJob, str]:
+    """The ClientJob (params still encoded) and the experiment YAML a train message carries."""
+    config = content["config"]
+    tensors = from_array_record(content["arrays"])
+    settings = LocalSettings(**{f.name: config.get(f"settings.{f.name}") for f in fields(LocalSettings)})
+    params = Encoded(tensors, str(config["codec"]), nbytes(tensors))
+    job = ClientJob(int(config["client-id"]), int(config["round"]), params, settings, int(config["seed"]),
+                    config.get("timeout-s"))
+    return job, str(config["experiment"])
+
+
+def report_content(report: ClientReport, codec: CastCodec) -> RecordDict:
+    """Re-encoding the decoded update is exact for cast codecs: these are the bytes fit_client encoded."""
+    update = report.update
+    metrics = MetricRecord({"num-examples": update.num_examples, **update.metrics})
+    return RecordDict({"arrays": to_array_record(codec.encode(update.params).tensors), "metrics": metrics,
+                       "config": ConfigRecord({"client-id": update.client_id})})
+
+
+def failure_reason(exc: Exception) -> str:
+    """The same wording as the in-process executor, so run records read alike."""
+    if isinstance(exc, ClientTimeout):
+        return f"timeout: {exc}"
+    if isinstance(exc, NonFiniteUpdate):
+        return f"non-finite update: {exc}"
+    return f"exception: {type(exc).__name__}: {exc}"
+
+
+# ---- server side ----------------------------------------------------------------------------------------
+
+
+def discover_clients(grid: Grid, num_clients: int, wait_s: float, poll_s: float = 0.5) -> dict[int, int]:
+    """Map fedlm client id -> Flower node id by asking each node its partition-id.
+
+    Waits up to ``wait_s`` for all ``num_clients`` to show up (SuperNodes may connect after the run starts);
+    clients still missing then are reported as failed whenever they are sampled.
+    """
+    found: dict[int, int] = {}
+    asked: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while len(found) < num_clients and time.monotonic() < deadline:
+        new = [node for node in grid.get_node_ids() if node not in asked]
+        asked.update(new)
+        if not new:
+            time.sleep(poll_s)
+            continue
+        queries = [Message(RecordDict(), dst_node_id=node, message_type=MessageType.QUERY) for node in new]
+        for reply in grid.send_and_receive(queries, timeout=max(deadline - time.monotonic(), poll_s)):
+            _register_node(found, reply, num_clients)
+    missing = sorted(set(range(num_clients)) - set(found))
+    if len(missing) == num_clients:
+        raise UserError(f"no Flower node answered as a fedlm client within {wait_s:.0f}s; start SuperNodes "
+                        f"with --node-config 'partition-id=<0..{num_clients - 1}>'")
+    if missing:
+        log.warning("no Flower node serves clients %s; they fail whenever sampled", missing)
+    return found
+
+
+def _register_node(found: dict[int, int], reply: Message, num_clients: int) -> None:
+    node = reply.metadata.src_node_id
+    if reply.has_error():
+        log.warning("node %d did not say which client it is: %s", node, reply.error.reason)
+        return
+    client_id = int(reply.content["node"][PARTITION_KEY])
+    if not 0 <= client_id < num_clients:
+        log.warning("node %d is partition %d, outside 0..%d; not used", node, client_id, num_clients - 1)
+        return
+    if client_id in found:
+        raise UserError(f"nodes {found[client_id]} and {node} both claim partition-id {client_id}")
+    found[client_id] = node
+
+
+class FlowerExecutor:
+    """Sends each job to its client's node in one ``send_and_receive``; returns results in job order.
+
+    Job order (not arrival order) keeps the aggregation's summation order, hence the result, identical to
+    the in-process simulator's.
+    """
+
+    def __init__(self, grid: Grid, node_ids_by_client: dict[int, int], codec: CastCodec, experiment: str,
+                 timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S,
+                 progress: Callable[[int], None] | None = None) -> None:
+        self.grid = grid
+        self.nodes = node_ids_by_client
+        self.codec = codec
+        self.experiment = experiment
+        self.timeout_s = timeout_s
+        self.progress = progress
+
+    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
+        results: dict[int, ClientReport | ClientFailure] = {
+            job.client_id: ClientFailure(job.client_id, f"no Flower node serves client {job.client_id}")
+            for job in jobs if job.client_id not in self.nodes}
+        by_node = {self.nodes[job.client_id]: job for job in jobs if job.client_id in self.nodes}
+        messages = [Message(job_content(job, self.experiment), dst_node_id=node,
+                            message_type=MessageType.TRAIN, ttl=self.timeout_s, group_id=str(job.round_idx))
+                    for node, job in by_node.items()]
+        replies = self.grid.send_and_receive(messages, timeout=self.timeout_s) if messages else []
+        for reply in replies:
+            job = by_node.get(reply.metadata.src_node_id)
+            if job is not None:
+                results[job.client_id] = self._read_reply(job, reply)
+        for job in jobs:
+            results.setdefault(job.client_id, ClientFailure(job.client_id, self._no_reply()))
+            if self.progress is not None:
+                self.progress(job.client_id)
+        return [results[job.client_id] for job in jobs]
+
+    def _no_reply(self) -> str:
+        return f"timeout: no reply within {self.timeout_s:.0f}s" if self.timeout_s else "no reply"
+
+    def _read_reply(self, job: ClientJob, reply: Message) -> ClientReport | ClientFailure:
+        if reply.has_error():
+            return ClientFailure(job.client_id, reply.error.reason or f"Flower error {reply.error.code}")
+        try:
+            return self._report(job, reply.content)
+        except NonFiniteUpdate as exc:
+            return ClientFailure(job.client_id, f"non-finite update: {exc}")
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            return ClientFailure(job.client_id, f"malformed reply: {type(exc).__name__}: {exc}")
+
+    def _report(self, job: ClientJob, content: RecordDict) -> ClientReport:
+        if int(content["config"]["client-id"]) != job.client_id:
+            raise ValueError(f"reply is from client {content['config']['client-id']}, not {job.client_id}")
+        record = content["arrays"]
+        received = from_array_record(record)
+        sent = job.params.tensors
+        if set(received) != set(sent):
+            raise ValueError(f"parameter names differ from those sent ({len(received)} vs {len(sent)})")
+        for name, value in received.items():
+            if value.shape != sent[name].shape or value.dtype != sent[name].dtype:
+                raise ValueError(f"{name}: got {value.dtype}{tuple(value.shape)}, "
+                                 f"expected {sent[name].dtype}{tuple(sent[name].shape)}")
+        params = self.codec.decode(Encoded({n: received[n] for n in sent}, self.codec.name, nbytes(received)))
+        bad = all_finite(params)
+        if bad is not None:
+            raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
+        metrics = content["metrics"]
+        extra = {k: float(v) for k, v in metrics.items() if k != "num-examples"}
+        update = ClientUpdate(job.client_id, int(metrics["num-examples"]), params, extra)
+        return ClientReport(update, record.count_bytes())
+
+
+def flower_executor_factory(grid: Grid, node_ids_by_client: dict[int, int], experiment: str,
+                            timeout_s: float | None) -> Callable[..., FlowerExecutor]:
+    """An ``executor_factory`` for ``run_single``: same signature as ``InProcessExecutor``'s constructor."""
+
+    def factory(model: Any, task: Any, client_rows: Any, codec: CastCodec, store: Any, local_names: list[str],
+                progress: Callable[[int], None] | None = None) -> FlowerExecutor:
+        del model, task, client_rows, store  # they live on the nodes
+        if local_names:
+            raise UserError("this protocol keeps parameters on the clients, which the server needs for "
+                            "evaluation; run it in simulation, not through Flower")
+        return FlowerExecutor(grid, node_ids_by_client, codec, experiment, timeout_s, progress)
+
+    return factory
+
+
+def _setting(context: Context, key: str, defaults: dict[str, Any], fallback: Any = None) -> Any:
+    """Run config (non-empty) first, then the app's defaults, then ``fallback``."""
+    value = context.run_config.get(key)
+    if value in (None, ""):
+        value = defaults.get(key)
+    return fallback if value in (None, "") else value
+
+
+def build_server_app(**defaults: Any) -> ServerApp:
+    """The ServerApp; ``defaults`` (config, data-dir, run-dir, ...) fill run config keys left empty."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        path = _setting(context, "config", defaults)
+        if path is None:
+            raise UserError("no experiment config: set the run config key 'config' to a YAML path")
+        config = validate(read_yaml(Path(path)))
+        run_dir = _setting(context, "run-dir", defaults, Path(config.output_dir) / slug(config.name))
+        wait_s = float(_setting(context, "node-wait-s", defaults, DEFAULT_NODE_WAIT_S))
+        timeout_s = float(_setting(context, "reply-timeout-s", defaults, DEFAULT_REPLY_TIMEOUT_S))
+        nodes = discover_clients(grid, num_clients_of(config), wait_s)
+        factory = flower_executor_factory(grid, nodes, dump_config(config), timeout_s)
+        run_single(config, Path(_setting(context, "data-dir", defaults, ".")), Path(run_dir),
+                   executor_factory=factory)
+
+    return app
+
+
+# ---- client side ----------------------------------------------------------------------------------------
+
+
+class ClientRuntime:
+    """A node's prepared data and model, built once per process and per experiment, reused every round.
+
+    The lock keeps two ClientApp calls in one process from training the shared model at the same time.
+    """
+
+    def __init__(self, data_dir: str | None = None) -> None:
+        self.data_dir = data_dir
+        self.lock = threading.Lock()
+        self._cache: tuple[tuple[str, str], Prepared] | None = None
+
+    def prepared(self, experiment: str, data_dir: str) -> Prepared:
+        key = (config_sha(experiment), data_dir)
+        if self._cache is None or self._cache[0] != key:
+            config = validate(yaml.safe_load(experiment) or {})
+            torch.manual_seed(config.seed)
+            self._cache = key, prepare(config, Path(data_dir))
+        return self._cache[1]
+
+    def data_dir_of(self, context: Context) -> str:
+        value = context.node_config.get("data-dir") or context.run_config.get("data-dir") or self.data_dir
+        return str(value or ".")
+
+    def query(self, msg: Message, context: Context) -> Message:
+        try:
+            content = RecordDict({"node": ConfigRecord({PARTITION_KEY: partition_id(context)})})
+        except UserError as exc:
+            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(exc)), reply_to=msg)
+        return Message(content, reply_to=msg)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        try:
+            content = self._train(msg.content, context)
+        except Exception as exc:  # a failed client answers with an error; the node stays up
+            log.debug("client training failed", exc_info=True)
+            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, failure_reason(exc)), reply_to=msg)
+        return Message(content, reply_to=msg)
+
+    def _train(self, content: RecordDict, context: Context) -> RecordDict:
+        job, experiment = job_from_content(content)
+        own = partition_id(context)
+        if job.client_id != own:
+            raise UserError(f"job for client {job.client_id} reached the node of client {own}")
+        codec = get_codec(job.params.codec)
+        with self.lock:
+            prep = self.prepared(experiment, self.data_dir_of(context))
+            report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [])
+        return report_content(report, codec)
+
+
+def partition_id(context: Context) -> int:
+    value = context.node_config.get(PARTITION_KEY)
+    if value is None:
+        raise UserError("this SuperNode has no partition-id: start it with --node-config 'partition-id=<i>'")
+    return int(value)
+
+
+def build_client_app(data_dir: str | None = None) -> ClientApp:
+    """The ClientApp; ``data_dir`` is used when neither node config nor run config names one."""
+    runtime = ClientRuntime(data_dir)
+    app = ClientApp()
+    app.query()(runtime.query)
+    app.train()(runtime.train)
+    return app
+
+
+server_app = build_server_app()
+client_app = build_client_app()

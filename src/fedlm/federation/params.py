@@ -1,0 +1,55 @@
+"""Named tensors: the currency of aggregation. Everything the server sees is a dict name -> tensor."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NamedTensors = dict[str, torch.Tensor]
+
+
+def trainable_names(model: torch.nn.Module) -> list[str]:
+    """Names of trainable parameters; tied weights appear once (named_parameters deduplicates)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def snapshot(model: torch.nn.Module, names: list[str] | None = None) -> NamedTensors:
+    """Detached fp32 copies of the named parameters, on CPU (None -> every trainable parameter)."""
+    params = dict(model.named_parameters())
+    wanted = names if names is not None else trainable_names(model)
+    return {n: params[n].detach().to("cpu", torch.float32).clone() for n in wanted}
+
+
+@torch.no_grad()
+def load_into(model: torch.nn.Module, tensors: NamedTensors) -> None:
+    """Copy named tensors into the model's parameters in place (names must exist)."""
+    params = dict(model.named_parameters())
+    for name, value in tensors.items():
+        params[name].copy_(value.to(params[name].dtype))
+
+
+def nbytes(tensors: NamedTensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def all_finite(tensors: NamedTensors) -> str | None:
+    """The name of the first tensor holding NaN or Inf, or None if all are finite."""
+    for name, value in tensors.items():
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            return name
+    return None
+
+
+def weighted_mean(items: list[tuple[NamedTensors, float]]) -> NamedTensors:
+    """Sum_i w_i x_i / sum_i w_i, computed in fp32 (float64 accumulation for exactness)."""
+    total = float(sum(w for _, w in items))
+    if not math.isfinite(total) or total <= 0:
+        raise ValueError("weighted_mean needs positive total weight")
+    out: NamedTensors = {}
+    for name in items[0][0]:
+        acc = torch.zeros_like(items[0][0][name], dtype=torch.float64)
+        for tensors, weight in items:
+            acc += tensors[name].to(torch.float64) * (weight / total)
+        out[name] = acc.to(torch.float32)
+    return out

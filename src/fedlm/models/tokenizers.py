@@ -1,0 +1,128 @@
+"""Train a family-appropriate tokenizer from raw text with the `tokenizers` library.
+
+Recipes follow each family's own published tokenizer so that a locally trained tokenizer has the same
+special tokens, pair format and model inputs as one loaded from a checkpoint of that family:
+
+* bert / distilbert: uncased WordPiece, ``[CLS] A [SEP] B [SEP]``; only BERT feeds ``token_type_ids``.
+* roberta: byte-level BPE with ``<s> A </s></s> B </s>``, as RoBERTa itself does. Choosing it over
+  WordPiece keeps the trained and the pretrained RoBERTa paths identical (no ``[UNK]``, no segments).
+* gpt2 / llama: byte-level BPE plus a dedicated ``<pad>`` token, so padding never aliases end-of-text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+# Part of the tokenizer cache key: bump when a recipe changes so stale cached tokenizers are not reused.
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build one family's tokenizer."""
+
+    wordpiece: bool
+    roles: dict[str, str]  # HF special-token role -> token; first occurrence order fixes the ids
+    single: str
+    pair: str
+    input_names: tuple[str, ...] = ("input_ids", "attention_mask")
+
+
+_BERT_ROLES = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
+_BERT_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+_BERT_TEMPLATES = {"single": "[CLS] $A [SEP]", "pair": "[CLS] $A [SEP] $B:1 [SEP]:1"}
+
+RECIPES: dict[str, Recipe] = {
+    "bert": Recipe(True, _BERT_ROLES, **_BERT_TEMPLATES, input_names=_BERT_INPUTS),
+    "distilbert": Recipe(True, _BERT_ROLES, **_BERT_TEMPLATES),
+    "roberta": Recipe(
+        False,
+        {
+            "bos_token": "<s>",
+            "pad_token": "<pad>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "mask_token": "<mask>",
+            "cls_token": "<s>",
+            "sep_token": "</s>",
+        },
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+    ),
+    "gpt2": Recipe(
+        False,
+        {**dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>"), "pad_token": "<pad>"},
+        single="$A",
+        pair="$A <|endoftext|> $B:1",
+    ),
+    "llama": Recipe(
+        False,
+        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"},
+        single="<s> $A",
+        pair="<s> $A </s> $B:1",
+    ),
+}
+
+
+def train_tokenizer(texts: Sequence[str], family: str, vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train ``family``'s recipe on ``texts``; deterministic for a given input."""
+    recipe = RECIPES[family]
+    specials = list(dict.fromkeys(recipe.roles.values()))
+    train = _wordpiece if recipe.wordpiece else _byte_bpe
+    tokenizer = train(specials, vocab_size, texts)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=recipe.single,
+        pair=recipe.pair,
+        special_tokens=[(token, tokenizer.token_to_id(token)) for token in specials],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_input_names=list(recipe.input_names), **recipe.roles
+    )
+
+
+def _wordpiece(specials: list[str], vocab_size: int, texts: Sequence[str]) -> Tokenizer:
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    # The trainer numbers "##x" continuation tokens in hash-map order, so merge ties break differently
+    # from run to run (huggingface/tokenizers#1794). Registering every "##x" up front as a trainer special
+    # fixes their ids; the final tokenizer below keeps them as ordinary vocabulary entries.
+    chars = sorted({char for text in texts for char in normalizer.normalize_str(text) if not char.isspace()})
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=specials + [f"##{char}" for char in chars], show_progress=False
+    )
+    scratch = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), normalizer)
+    scratch.train_from_iterator(texts, trainer)
+    vocab = scratch.get_vocab()
+    tokenizer = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token="[UNK]")), normalizer)
+    tokenizer.add_special_tokens(specials)
+    return tokenizer
+
+
+def _bert_pipeline(tokenizer: Tokenizer, normalizer: normalizers.Normalizer) -> Tokenizer:
+    tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def _byte_bpe(specials: list[str], vocab_size: int, texts: Sequence[str]) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer

@@ -1,0 +1,134 @@
+"""Metrics -> learning-curve plots and summary tables, for one run or a grid of runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def metric_series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    rounds, values = [], []
+    for rec in records:
+        value = rec.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            rounds.append(int(rec["round"]))
+            values.append(float(value))
+    return rounds, values
+
+
+def headline_key(records: Sequence[dict[str, Any]], metric: str) -> str | None:
+    """The key holding the headline metric: the global model's test score, or the clients' mean."""
+    for key in (f"test_{metric}", f"test_{metric}_mean", f"local_{metric}_mean"):
+        if any(key in r for r in records):
+            return key
+    return None
+
+
+def plot_run(records: Sequence[dict[str, Any]], metric: str, out_dir: Path, title: str) -> list[Path]:
+    """Learning curves of one run: the headline metric, train loss, and cumulative bytes per round."""
+    written = []
+    key = headline_key(records, metric)
+    panels = [(key, metric)] if key else []
+    panels.append(("train_loss", "train loss"))
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 3.6))
+    for ax, (series_key, label) in zip(axes, panels, strict=False):
+        rounds, values = metric_series(records, series_key)
+        ax.plot(rounds, values, marker="o", ms=3)
+        if series_key == key and f"{key.removesuffix('_mean')}_std" in records[-1]:
+            _, std = metric_series(records, f"{key.removesuffix('_mean')}_std")
+            if len(std) == len(values):
+                ax.fill_between(rounds, [v - s for v, s in zip(values, std, strict=True)],
+                                [v + s for v, s in zip(values, std, strict=True)], alpha=0.2)
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax = axes[-1]
+    rounds, up = metric_series(records, "bytes_up")
+    _, down = metric_series(records, "bytes_down")
+    ax.plot(rounds, _cumulative_mb(up), label="uploaded")
+    ax.plot(rounds, _cumulative_mb(down), label="downloaded")
+    ax.set_xlabel("round")
+    ax.set_ylabel("cumulative MB")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = out_dir / "learning_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def _cumulative_mb(values: list[float]) -> list[float]:
+    total, out = 0.0, []
+    for v in values:
+        total += v
+        out.append(total / 1e6)
+    return out
+
+
+def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str, path: Path, title: str) -> Path:
+    """Overlaid learning curves of every run in a grid."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, records in runs:
+        key = headline_key(records, metric)
+        if key:
+            axes[0].plot(*metric_series(records, key), marker="o", ms=3, label=label)
+        axes[1].plot(*metric_series(records, "train_loss"), label=label)
+    axes[0].set_ylabel(metric)
+    axes[1].set_ylabel("train loss")
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str) -> dict[str, Any]:
+    """Final and best headline metric, rounds, bytes and time of one run."""
+    key = headline_key(records, metric)
+    _, values = metric_series(records, key) if key else ([], [])
+    best = (max if direction == "max" else min)(values) if values else math.nan
+    std_key = f"{key.removesuffix('_mean')}_std" if key and key.endswith("_mean") else None
+    last = records[-1] if records else {}
+    return {
+        "rounds": int(last.get("round", 0)),
+        f"final {metric}": values[-1] if values else math.nan,
+        f"best {metric}": best,
+        "spread (std over clients)": last.get(std_key) if std_key else None,
+        "MB up": sum(r.get("bytes_up", 0) for r in records) / 1e6,
+        "MB down": sum(r.get("bytes_down", 0) for r in records) / 1e6,
+        "wall s": sum(r.get("wall_s", 0.0) for r in records),
+    }
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no runs)\n"
+    headers = list(rows[0])
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(h)) for h in headers) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.4f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)

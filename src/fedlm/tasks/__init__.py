@@ -1,0 +1,33 @@
+"""Training tasks and their registry."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from fedlm.errors import UserError
+from fedlm.tasks.base import Task
+from fedlm.tasks.classification import ClassificationTask, RegressionTask
+from fedlm.tasks.clm import CausalLMTask
+from fedlm.tasks.mlm import MaskedLMTask
+
+TASKS: dict[str, type[Task]] = {
+    task.name: task for task in (MaskedLMTask, CausalLMTask, ClassificationTask, RegressionTask)
+}
+
+
+def get_task(name: str, tokenizer: PreTrainedTokenizerBase | None = None, **options) -> Task:
+    """A fresh task instance; ``options`` go to its constructor (e.g. ``target="mcc"``)."""
+    if name not in TASKS:
+        raise UserError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    return TASKS[name](tokenizer, **options)
+
+
+__all__ = [
+    "TASKS",
+    "CausalLMTask",
+    "ClassificationTask",
+    "MaskedLMTask",
+    "RegressionTask",
+    "Task",
+    "get_task",
+]

@@ -1,0 +1,193 @@
+"""Task interface: how a dataset becomes batches, a loss and metrics for one model head.
+
+A task is bound to a tokenizer (by ``preprocess`` or the constructor) because padding and masking need
+its pad, mask and special token ids. Losses are means over *target units* and come with the unit count,
+so federated callers can aggregate exactly (sum of mean x count / total count).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import datasets
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from fedlm import metrics
+
+Batch = dict[str, torch.Tensor]
+Rows = datasets.Dataset | Sequence[dict]  # preprocessed examples, as a Dataset or its ``to_list()``
+IGNORE_INDEX = -100  # label value that HF losses and ours skip
+
+
+class Task(ABC):
+    """One training objective plus its preprocessing, batching and evaluation."""
+
+    name: ClassVar[str]
+    metric_names: ClassVar[tuple[str, ...]]  # keys that ``evaluate`` returns
+    text_column: ClassVar[str] = "text"
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        if tokenizer is not None:
+            self.bind(tokenizer)
+
+    def bind(self, tokenizer: PreTrainedTokenizerBase) -> Task:
+        """Attach the tokenizer whose ids ``collate`` pads and masks with."""
+        self.tokenizer = tokenizer
+        return self
+
+    @property
+    def bound_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self.tokenizer is None:
+            raise RuntimeError(f"{type(self).__name__} has no tokenizer: call preprocess() or bind() first")
+        return self.tokenizer
+
+    @abstractmethod
+    def preprocess(
+        self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int
+    ) -> datasets.Dataset:
+        """Raw text columns -> model-ready columns; binds ``tokenizer``."""
+
+    @abstractmethod
+    def collate(self, rows: list[dict], generator: torch.Generator) -> Batch:
+        """Pad ``rows`` into a batch; any randomness draws from ``generator`` only."""
+
+    @abstractmethod
+    def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
+        """Mean loss over the batch's target units, and the number of units."""
+
+    @abstractmethod
+    def target_metric(self) -> tuple[str, str]:
+        """(metric name, "max" | "min") used for model selection."""
+
+    @abstractmethod
+    def _eval_batch(self, model: PreTrainedModel, batch: Batch) -> dict[str, Any]:
+        """Per-batch evaluation results, combined by ``_summarize``."""
+
+    @abstractmethod
+    def _summarize(self, parts: list[dict[str, Any]]) -> dict[str, float]:
+        """Metrics over a whole dataset from its per-batch results."""
+
+    def evaluate(
+        self, model: PreTrainedModel, dataset: Rows, batch_size: int, generator: torch.Generator
+    ) -> dict[str, float]:
+        """Metrics over all of ``dataset`` (already preprocessed); restores the model's train/eval mode.
+
+        An empty dataset (a client without test data) gives NaN for every metric rather than an error.
+        """
+        if len(dataset) == 0:
+            return dict.fromkeys(self.metric_names, math.nan)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                parts = [
+                    self._eval_batch(model, self.collate(rows, generator))
+                    for rows in iter_rows(dataset, batch_size)
+                ]
+        finally:
+            model.train(was_training)
+        return self._summarize(parts)
+
+
+class TokenPredictionTask(Task):
+    """Language-modelling tasks: packed text blocks, token-level cross-entropy, perplexity."""
+
+    metric_names = ("loss", "perplexity", "accuracy")
+
+    def preprocess(
+        self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int
+    ) -> datasets.Dataset:
+        """Tokenize every text, concatenate and cut into ``max_length`` blocks (short tail dropped)."""
+        self.bind(tokenizer)
+        return map_batches(
+            ds,
+            lambda batch: {"input_ids": pack_blocks(tokenizer, batch[self.text_column], max_length)},
+            batch_size=10_000,
+        )
+
+    @abstractmethod
+    def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Vocabulary logits (units x vocab) at the target units, and the target ids (units)."""
+
+    def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
+        logits, targets = self._logits_and_targets(model, to_device(batch, model))
+        count = targets.numel()
+        # sum / count rather than mean: an empty batch then yields a zero loss that still backpropagates.
+        return F.cross_entropy(logits.float(), targets, reduction="sum") / max(count, 1), count
+
+    def target_metric(self) -> tuple[str, str]:
+        return ("perplexity", "min")
+
+    def _eval_batch(self, model: PreTrainedModel, batch: Batch) -> dict[str, Any]:
+        logits, targets = self._logits_and_targets(model, to_device(batch, model))
+        return {
+            "loss_sum": F.cross_entropy(logits.float(), targets, reduction="sum").item(),
+            "count": targets.numel(),
+            "correct": (logits.argmax(-1) == targets).sum().item(),
+        }
+
+    def _summarize(self, parts: list[dict[str, Any]]) -> dict[str, float]:
+        count = sum(part["count"] for part in parts)
+        loss = sum(part["loss_sum"] for part in parts) / count if count else math.nan
+        return {
+            "loss": loss,
+            "perplexity": metrics.perplexity(loss),
+            "accuracy": sum(part["correct"] for part in parts) / count if count else math.nan,
+        }
+
+
+def map_batches(ds: datasets.Dataset, fn: Callable[[dict], dict], batch_size: int = 1000) -> datasets.Dataset:
+    """Batched map replacing all columns, in memory (the data dir may be read-only) and without a
+    progress bar (callers preprocess once per client)."""
+    was_enabled = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        return ds.map(
+            fn, batched=True, batch_size=batch_size, remove_columns=ds.column_names, keep_in_memory=True
+        )
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+def pack_blocks(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], block: int) -> list[list[int]]:
+    """Concatenate the texts' ids (each ended by end-of-text where the family has one) into full blocks."""
+    texts = [text for text in texts if text and text.strip()]
+    if not texts:
+        return []
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for ids in tokenizer(texts, verbose=False)["input_ids"]:  # long texts are cut into blocks below
+        stream.extend(ids)
+        if eos is not None and ids[-1:] != [eos]:
+            stream.append(eos)
+    return [stream[start : start + block] for start in range(0, len(stream) - block + 1, block)]
+
+
+def pad_ids(sequences: Sequence[Sequence[int]], pad_value: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest sequence; returns (ids, attention_mask)."""
+    tensors = [torch.as_tensor(seq, dtype=torch.long) for seq in sequences]
+    ids = torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=pad_value)
+    lengths = torch.tensor([len(t) for t in tensors])
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+    return ids, mask
+
+
+def iter_rows(dataset: Rows, batch_size: int) -> Iterator[list[dict]]:
+    """Consecutive lists of row dicts, the shape ``collate`` takes, from a Dataset or a list of rows."""
+    for start in range(0, len(dataset), batch_size):
+        chunk = dataset[start : start + batch_size]
+        if isinstance(chunk, dict):  # a Dataset slice is columnar
+            chunk = [dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)]
+        yield list(chunk)
+
+
+def to_device(batch: Batch, model: PreTrainedModel) -> Batch:
+    device = model.device
+    return {key: value.to(device) for key, value in batch.items()}

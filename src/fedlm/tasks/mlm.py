@@ -1,0 +1,90 @@
+"""Masked language modelling with the vocabulary projection computed only at masked positions.
+
+Only ~15% of tokens carry a target, yet the stock HF heads project every position onto the vocabulary
+(the single largest matmul for small models). Running the encoder, gathering the selected rows and
+applying the family's own head modules to just those rows gives the same loss for a fraction of the cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import reduce
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from fedlm.errors import UserError
+from fedlm.tasks.base import IGNORE_INDEX, Batch, TokenPredictionTask, pad_ids
+
+# Family -> attribute names of its MLM head modules on the *ForMaskedLM model, applied in order.
+MLM_HEAD_MODULES: dict[str, tuple[str, ...]] = {
+    "bert": ("cls",),
+    "roberta": ("lm_head",),
+    "distilbert": ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
+}
+
+SELECT_PROB = 0.15
+MASK_PROB = 0.8  # of selected tokens: replaced by the mask token
+RANDOM_PROB = 0.1  # of selected tokens: replaced by a random token; the rest keep their own
+
+
+def mlm_head(model: PreTrainedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The model's hidden-state -> vocabulary-logits head, as one function of (rows x hidden)."""
+    names = MLM_HEAD_MODULES.get(model.config.model_type)
+    if names is None:
+        raise UserError(f"masked LM is not supported for {model.config.model_type!r} models")
+    modules = [getattr(model, name) for name in names]
+    return lambda hidden: reduce(lambda x, module: module(x), modules, hidden)
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    maskable: torch.Tensor,
+    mask_token_id: int,
+    replacement_ids: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking: select ~15% of ``maskable`` tokens, then 80% mask / 10% random / 10% keep.
+
+    Returns (corrupted input ids, labels with ``IGNORE_INDEX`` at unselected positions).
+    """
+    selected = (torch.rand(input_ids.shape, generator=generator) < SELECT_PROB) & maskable
+    action = torch.rand(input_ids.shape, generator=generator)
+    to_mask = selected & (action < MASK_PROB)
+    to_random = selected & (action >= MASK_PROB) & (action < MASK_PROB + RANDOM_PROB)
+    picks = torch.randint(len(replacement_ids), (int(to_random.sum()),), generator=generator)
+    corrupted = input_ids.masked_fill(to_mask, mask_token_id)
+    corrupted[to_random] = replacement_ids[picks]
+    labels = input_ids.masked_fill(~selected, IGNORE_INDEX)
+    return corrupted, labels
+
+
+class MaskedLMTask(TokenPredictionTask):
+    """Masked LM; masking is drawn in ``collate`` so it is reproducible per generator seed."""
+
+    name = "mlm"
+
+    def bind(self, tokenizer: PreTrainedTokenizerBase) -> MaskedLMTask:
+        if tokenizer.mask_token_id is None:
+            raise UserError("masked LM needs a tokenizer with a mask token")
+        super().bind(tokenizer)
+        self._special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+        vocab = torch.arange(len(tokenizer))
+        # Random replacements come from ordinary tokens only: never inject [CLS]/[PAD]/... mid-text.
+        self._replacement_ids = vocab[~torch.isin(vocab, self._special_ids)]
+        return self
+
+    def collate(self, rows: list[dict], generator: torch.Generator) -> Batch:
+        tokenizer = self.bound_tokenizer
+        ids, attention_mask = pad_ids([row["input_ids"] for row in rows], tokenizer.pad_token_id)
+        maskable = attention_mask.bool() & ~torch.isin(ids, self._special_ids)
+        input_ids, labels = mask_tokens(
+            ids, maskable, tokenizer.mask_token_id, self._replacement_ids, generator
+        )
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+    def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = {key: value for key, value in batch.items() if key != "labels"}
+        hidden = model.base_model(**inputs).last_hidden_state
+        selected = batch["labels"] != IGNORE_INDEX
+        return mlm_head(model)(hidden[selected]), batch["labels"][selected]

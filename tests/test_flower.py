@@ -1,0 +1,251 @@
+"""The Flower path against the in-process simulator: same seed, same global model; and its failure paths.
+
+flwr 1.41's simulation runtime ships only a Ray backend. Without Ray, ``run_simulation`` runs here with a
+thread backend put where the runtime loads its backend from; everything else is Flower's: the ServerApp in
+its own thread, the in-memory SuperLink state, the InMemoryGrid, the node registry (which hands each node
+its partition-id), and the ClientApp. Every message also makes a round trip through Flower's wire format
+(deflated to bytes and inflated again) on its way to and from the ClientApp.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterable
+
+import pytest
+import torch
+import yaml
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.server.superlink.fleet.vce.backend import Backend
+from flwr.serverapp import Grid
+from flwr.simulation import run_simulation
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+from flwr.supercore.task_identity import TaskIdentity
+from transformers import AutoModelForSequenceClassification
+
+from fedlm.config import dump_config, validate
+from fedlm.experiment import run_single
+from fedlm.federation import flower
+from fedlm.federation.client import LocalSettings
+from fedlm.federation.codecs import get_codec
+from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.strategies import ClientUpdate
+from fedlm.recorder import read_metrics
+from tests.conftest import tiny_config
+
+CLIENT_ERROR = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
+
+
+def over_the_wire(message: Message) -> Message:
+    """Serialize a message into Flower's object contents (bytes) and rebuild it from them alone."""
+    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(message).items()}
+    rebuilt = inflate_object_from_contents(message.object_id, contents)
+    rebuilt.metadata.__dict__["_message_id"] = message.metadata.message_id  # the link assigns ids
+    return rebuilt
+
+
+class ThreadBackend(Backend):
+    """Runs each ClientApp call in this process, one at a time."""
+
+    def __init__(self, backend_config: dict) -> None:
+        super().__init__(backend_config)
+        self.app_fn = None
+
+    def build(self, app_fn) -> None:
+        self.app_fn = app_fn
+
+    @property
+    def num_workers(self) -> int:
+        return 1
+
+    def is_worker_idle(self) -> bool:
+        return True
+
+    def terminate(self) -> None:
+        pass
+
+    def process_message(self, message: Message, context: Context) -> tuple[Message, Context]:
+        reply = self.app_fn()(over_the_wire(message), context)
+        return over_the_wire(reply), context
+
+
+@pytest.fixture
+def no_telemetry(monkeypatch):
+    monkeypatch.setattr("flwr.supercore.telemetry.FLWR_TELEMETRY_ENABLED", "0")
+
+
+def run_through_flower(monkeypatch, num_nodes: int, **server_defaults) -> None:
+    backend_module = types.ModuleType(RAY_BACKEND_MODULE)
+    backend_module.RayBackend = ThreadBackend
+    monkeypatch.setitem(sys.modules, RAY_BACKEND_MODULE, backend_module)
+    run_simulation(server_app=flower.build_server_app(**server_defaults),
+                   client_app=flower.build_client_app(server_defaults["data-dir"]),
+                   num_supernodes=num_nodes, backend_name="thread")
+
+
+def test_two_fedavg_rounds_through_flower_equal_the_simulator(tmp_path, tiny_csv, monkeypatch, no_telemetry):
+    raw = tiny_config(tmp_path, tiny_csv, codec="fp16", clients_per_round=2)
+    raw["partition"]["num_clients"] = 3
+    config = validate(raw)
+    config_path = tmp_path / "experiment.yaml"
+    config_path.write_text(dump_config(config))
+
+    run_single(config, tiny_csv, tmp_path / "sim")
+    run_through_flower(monkeypatch, 3, **{"config": str(config_path), "data-dir": str(tiny_csv),
+                                          "run-dir": str(tmp_path / "flower")})
+
+    sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in fl] == [1, 2]
+    for a, b in zip(sim, fl, strict=True):
+        assert a["clients"] == b["clients"] and len(b["clients"]) == 2 and not b["failed"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
+        assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
+        assert a["bytes_down"] == b["bytes_down"]
+        # fp16 arrays travel as fp16: the upload is the simulator's payload plus a little framing
+        assert a["bytes_up"] < b["bytes_up"] < a["bytes_up"] * 1.05
+
+    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
+    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.allclose(pa, pb, atol=1e-6), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
+def test_arrays_keep_dtype_and_values_through_the_wire(dtype):
+    tensors = {"w": (torch.randn(3, 5) * 100).to(dtype), "b": torch.arange(4).to(dtype)}
+    record = flower.to_array_record(tensors)
+    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(record).items()}
+    back = flower.from_array_record(inflate_object_from_contents(record.object_id, contents))
+    assert list(back) == ["w", "b"]
+    for name, value in tensors.items():
+        assert back[name].dtype == dtype and torch.equal(back[name], value), name
+
+
+# ---- the executor's failure handling, with a scripted Grid ----------------------------------------------
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    """Messages are stamped with the task's identity; outside a Flower process, make one up."""
+    for attr, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 1)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+
+
+class ScriptedGrid(Grid):
+    """Answers each node's message with what ``script[node](message)`` returns (None: no reply)."""
+
+    def __init__(self, script) -> None:
+        self.script = script
+        self.timeouts: list[float | None] = []
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.script)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        self.timeouts.append(timeout)
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = f"m{msg.metadata.dst_node_id}"
+            reply = self.script[msg.metadata.dst_node_id](over_the_wire(msg))
+            if reply is not None:
+                replies.append(over_the_wire(reply))
+        return replies
+
+    # the executor uses only the calls above
+    def set_run(self, run) -> None: ...
+    def run(self): ...
+    def create_message(self, *args, **kwargs): ...
+    def push_messages(self, messages): ...
+    def pull_messages(self, message_ids): ...
+
+
+def echo(scale: float = 1.0, names: list[str] | None = None):
+    """A client that sends back what it got, times ``scale``, with 10 examples."""
+
+    def handle(msg: Message) -> Message:
+        job, _ = flower.job_from_content(msg.content)
+        codec = get_codec(job.params.codec)
+        params = {n: t * scale for n, t in codec.decode(job.params).items()}
+        if names is not None:
+            params = {new: params[old] for new, old in zip(names, params, strict=True)}
+        report = ClientReport(ClientUpdate(job.client_id, 10, params, {"train_loss": 0.5}), 0)
+        return Message(flower.report_content(report, codec), reply_to=msg)
+
+    return handle
+
+
+def _job(client_id: int, codec: str = "fp16") -> ClientJob:
+    params = get_codec(codec).encode({"w": torch.ones(2, 3), "b": torch.zeros(3)})
+    return ClientJob(client_id, 1, params, LocalSettings(max_grad_norm=None, local_steps=3), seed=11,
+                     timeout_s=None)
+
+
+def test_executor_turns_replies_into_reports_and_failures(task_identity):
+    grid = ScriptedGrid({
+        100: echo(2.0),
+        101: lambda msg: Message(Error(CLIENT_ERROR, "exception: RuntimeError: disk on fire"), reply_to=msg),
+        102: lambda msg: None,
+        103: echo(names=["x", "b"]),
+        104: echo(float("nan")),
+    })
+    nodes = {0: 100, 1: 101, 2: 102, 3: 103, 4: 104}
+    seen = []
+    executor = flower.FlowerExecutor(grid, nodes, get_codec("fp16"), "name: x", timeout_s=5.0,
+                                     progress=seen.append)
+    results = executor.run([_job(cid) for cid in (0, 1, 2, 3, 4, 5)])
+
+    report = results[0]
+    assert isinstance(report, ClientReport) and report.update.client_id == 0
+    assert report.update.num_examples == 10 and report.update.metrics["train_loss"] == 0.5
+    assert torch.equal(report.update.params["w"], torch.full((2, 3), 2.0))
+    assert report.update.params["w"].dtype == torch.float32
+    assert report.upload_bytes > (6 + 3) * 2  # fp16 payload plus framing
+    reasons = {r.client_id: r.reason for r in results if isinstance(r, ClientFailure)}
+    assert reasons[1] == "exception: RuntimeError: disk on fire"
+    assert reasons[2].startswith("timeout: no reply within 5s")
+    assert reasons[3].startswith("malformed reply")
+    assert reasons[4].startswith("non-finite update")
+    assert reasons[5] == "no Flower node serves client 5"
+    assert [type(r).__name__ for r in results] == ["ClientReport"] + ["ClientFailure"] * 5
+    assert seen == [0, 1, 2, 3, 4, 5] and grid.timeouts == [5.0]
+
+
+def test_job_travels_with_all_settings_and_none_values(task_identity):
+    job = _job(3, codec="bf16")
+    msg = over_the_wire(Message(flower.job_content(job, "name: x\n"), dst_node_id=7, message_type="train"))
+    back, experiment = flower.job_from_content(msg.content)
+    assert experiment == "name: x\n"
+    assert back.settings == job.settings and back.settings.max_grad_norm is None
+    assert (back.client_id, back.round_idx, back.seed, back.timeout_s) == (3, 1, 11, None)
+    assert back.params.codec == "bf16" and back.params.tensors["w"].dtype == torch.bfloat16
+    assert back.params.payload_bytes == job.params.payload_bytes
+
+
+def test_discovery_maps_partitions_to_nodes_and_rejects_duplicates(task_identity):
+    def node(pid):
+        return lambda msg: flower.client_app(msg, _context(pid))
+
+    grid = ScriptedGrid({10: node(1), 11: node(0), 12: node(7)})
+    assert flower.discover_clients(grid, 2, wait_s=5) == {0: 11, 1: 10}
+    with pytest.raises(Exception, match="both claim partition-id 0"):
+        flower.discover_clients(ScriptedGrid({10: node(0), 11: node(0)}), 2, wait_s=5)
+
+
+def test_client_app_answers_a_misrouted_or_broken_job_with_an_error(task_identity, tmp_path, tiny_csv):
+    experiment = dump_config(validate(tiny_config(tmp_path, tiny_csv)))
+    msg = over_the_wire(Message(flower.job_content(_job(2), experiment), dst_node_id=7, message_type="train"))
+    reply = flower.client_app(msg, _context(1))
+    assert reply.has_error() and "reached the node of client 1" in reply.error.reason
+    broken = yaml.safe_dump({"name": "x"})  # no data section: the config does not validate
+    msg = over_the_wire(Message(flower.job_content(_job(1), broken), dst_node_id=7, message_type="train"))
+    reply = flower.client_app(msg, _context(1))
+    assert reply.has_error() and reply.error.reason.startswith("exception: UserError")
+
+
+def _context(partition: int) -> Context:
+    return Context(run_id=1, node_id=partition, node_config={"partition-id": partition}, state=RecordDict(),
+                   run_config={})

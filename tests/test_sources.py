@@ -1,0 +1,281 @@
+"""Tests for fedlm.data.sources: named sources against the shared data, local files, and errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedlm.data.sources import LoadedData, available_sources, load_source, resolve_data_dir
+from fedlm.errors import UserError
+
+# name -> (kind, columns, number of labels, split sizes); sizes follow shared/data/MANIFEST.md.
+EXPECTED = {
+    "wikitext-2": ("lm", ["text", "group"], None, {"train": 17556, "validation": 1841, "test": 2185}),
+    "glue/sst2": ("classification", ["text", "label"], 2, {"train": 67349, "test": 872}),
+    "glue/cola": ("classification", ["text", "label"], 2, {"train": 8551, "test": 1043}),
+    "glue/mrpc": ("classification", ["text", "text_pair", "label"], 2, {"train": 3668, "test": 408}),
+    "glue/rte": ("classification", ["text", "text_pair", "label"], 2, {"train": 2490, "test": 277}),
+    "glue/stsb": ("regression", ["text", "text_pair", "label"], None, {"train": 5749, "test": 1500}),
+    "glue/wnli": ("classification", ["text", "text_pair", "label"], 2, {"train": 635, "test": 71}),
+    "glue/qnli": ("classification", ["text", "text_pair", "label"], 2, {"train": 5463 - 546, "test": 546}),
+    "ag_news": ("classification", ["text", "label"], 4, {"train": 7600 - 760, "test": 760}),
+    "20newsgroups": ("classification", ["text", "label"], 20, {"train": 11314, "test": 7532}),
+    "pubmed-abstracts": ("lm", ["text"], None, {"train": 725 - 72, "test": 72}),
+    "pubmedqa": ("classification", ["text", "text_pair", "label"], 3, {"train": 500, "test": 500}),
+    "pubmedqa-contexts": ("lm", ["text"], None, {"train": 500, "test": 500}),
+    "ncbi-disease-abstracts": ("lm", ["text"], None, {"train": 593, "validation": 100, "test": 100}),
+}
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Path:
+    try:
+        return resolve_data_dir()
+    except UserError:
+        pytest.skip("shared data directory not found (set FEDLM_DATA_DIR)")
+
+
+def test_available_sources_lists_every_named_source() -> None:
+    assert available_sources() == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_named_source_shape(name: str, data_dir: Path) -> None:
+    kind, columns, n_labels, sizes = EXPECTED[name]
+    loaded = load_source(name, data_dir)
+    assert loaded.kind == kind
+    assert {s: d.num_rows for s, d in loaded.splits.items()} == sizes
+    assert loaded.split_note
+    assert len(loaded.fingerprint) == 16
+    for split in loaded.splits.values():
+        assert split.column_names == columns
+        assert all(isinstance(t, str) and t for t in split["text"][:50])
+    if n_labels is None:
+        assert loaded.label_names is None
+    else:
+        assert len(loaded.label_names) == n_labels
+        labels = set(loaded.splits["train"]["label"]) | set(loaded.splits["test"]["label"])
+        assert labels == set(range(n_labels))
+
+
+def test_label_encodings_match_files(data_dir: Path) -> None:
+    sst2 = load_source("glue/sst2", data_dir)
+    assert sst2.label_names == ["negative", "positive"]
+    assert sst2.splits["train"][0] == {"text": "hide new secretions from the parental units ", "label": 0}
+    rte = load_source("glue/rte", data_dir)
+    assert rte.label_names[rte.splits["train"][0]["label"]] == "not_entailment"
+    wnli = load_source("glue/wnli", data_dir)
+    assert wnli.label_names == ["not_entailment", "entailment"]
+    assert wnli.splits["train"][0]["label"] == 1  # "The carrot had a hole." is entailed
+    stsb = load_source("glue/stsb", data_dir).splits["train"]["label"]
+    assert min(stsb) >= 0.0 and max(stsb) <= 5.0 and any(v != int(v) for v in stsb)
+    ag = load_source("ag_news", data_dir)
+    assert ag.label_names == ["World", "Sports", "Business", "Sci/Tech"]
+    news = load_source("20newsgroups", data_dir)
+    assert news.label_names == sorted(news.label_names) and news.label_names[0] == "alt.atheism"
+
+
+def test_pubmedqa_test_set_is_official_ground_truth(data_dir: Path) -> None:
+    truth = json.loads((data_dir / "pubmedqa" / "test_ground_truth.json").read_text())
+    loaded = load_source("pubmedqa", data_dir)
+    counts = {name: 0 for name in loaded.label_names}
+    for label in loaded.splits["test"]["label"]:
+        counts[loaded.label_names[label]] += 1
+    assert counts == {name: list(truth.values()).count(name) for name in counts}
+    contexts = load_source("pubmedqa-contexts", data_dir)
+    assert contexts.splits["test"]["text"] == loaded.splits["test"]["text_pair"]
+
+
+def test_wikitext_groups_are_articles(data_dir: Path) -> None:
+    splits = load_source("wikitext-2", data_dir).splits
+    assert {s: len(set(d["group"])) for s, d in splits.items()} == {
+        "train": 629,
+        "validation": 60,
+        "test": 62,
+    }
+    assert not any(t.startswith("=") for t in splits["validation"]["text"])
+
+
+def test_deterministic_split_and_seed(data_dir: Path) -> None:
+    a = load_source("ag_news", data_dir, seed=0)
+    b = load_source("ag_news", data_dir, seed=0)
+    c = load_source("ag_news", data_dir, seed=1)
+    assert a.splits["test"]["text"] == b.splits["test"]["text"]
+    assert a.fingerprint == b.fingerprint
+    assert a.splits["test"]["text"] != c.splits["test"]["text"]
+    assert a.fingerprint != c.fingerprint
+    assert set(a.splits["test"]["text"]).isdisjoint(a.splits["train"]["text"][:2000])
+    assert "seed 0" in a.split_note and "10%" in a.split_note
+
+
+def test_subsampling_is_deterministic(data_dir: Path) -> None:
+    a = load_source("glue/sst2", data_dir, max_train_examples=100, max_test_examples=10)
+    b = load_source("glue/sst2", data_dir, max_train_examples=100, max_test_examples=10)
+    assert (a.splits["train"].num_rows, a.splits["test"].num_rows) == (100, 10)
+    assert a.splits["train"]["text"] == b.splits["train"]["text"]
+    assert "subsampled" in a.split_note
+    assert a.fingerprint != load_source("glue/sst2", data_dir).fingerprint
+
+
+# ---------------------------------------------------------------------------------------------- local
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_local_csv_with_mapping(tmp_path: Path) -> None:
+    rows = "\n".join(f'"review {i}, with comma",{"pos" if i % 2 else "neg"},x' for i in range(20))
+    path = _write(tmp_path / "reviews.csv", "body,sentiment,other\n" + rows + "\n")
+    loaded = load_source(str(path), tmp_path, columns={"text": "body", "label": "sentiment"})
+    assert loaded.kind == "classification" and loaded.label_names == ["neg", "pos"]
+    assert loaded.splits["train"].column_names == ["text", "label"]
+    assert (loaded.splits["train"].num_rows, loaded.splits["test"].num_rows) == (18, 2)
+    assert "10%" in loaded.split_note and "seed 0" in loaded.split_note
+    first = loaded.splits["train"][0]
+    assert first == {"text": "review 0, with comma", "label": 0}
+
+
+def test_local_tsv_header_and_headerless(tmp_path: Path) -> None:
+    body = "".join(f'{i % 3}\tsay "hi {i}\tpair {i}\n' for i in range(10))
+    headerless = _write(tmp_path / "plain.tsv", body)
+    loaded = load_source(str(headerless), tmp_path, columns={"text": "1", "text_pair": "2", "label": "0"})
+    assert loaded.label_names == ["0", "1", "2"]
+    assert sum(d.num_rows for d in loaded.splits.values()) == 10
+    assert loaded.splits["train"].column_names == ["text", "text_pair", "label"]
+    with_header = _write(
+        tmp_path / "h.tsv", "\ufefflabel\ttext\n" + "".join(f"{i}.5\tt{i}\n" for i in range(10))
+    )
+    loaded = load_source(str(with_header), tmp_path)
+    assert loaded.kind == "regression" and loaded.label_names is None
+    assert sorted([*loaded.splits["train"]["label"], *loaded.splits["test"]["label"]]) == [
+        i + 0.5 for i in range(10)
+    ]
+
+
+def test_local_jsonl_json_and_txt(tmp_path: Path) -> None:
+    lines = [json.dumps({"q": f"question {i}", "y": i % 2 == 0, "id": i}) for i in range(10)]
+    jsonl = _write(tmp_path / "a.jsonl", "\n".join(lines) + "\n\n")
+    loaded = load_source(str(jsonl), tmp_path, columns={"text": "q", "label": "y"})
+    assert loaded.label_names == ["false", "true"] and loaded.splits["test"].num_rows == 1
+    records = [{"text": f"doc {i}", "label": 10 - i} for i in range(12)]
+    as_json = _write(tmp_path / "b.json", json.dumps(records))
+    loaded = load_source(str(as_json), tmp_path, test_fraction=0.25, seed=3)
+    assert loaded.label_names == [str(i) for i in range(-1, 11)]  # numeric order: 2 before 10
+    assert loaded.splits["test"].num_rows == 3
+    txt = _write(tmp_path / "corpus.txt", "first line\n\n  \nsecond line\nthird\n")
+    loaded = load_source(str(txt), tmp_path, test_fraction=0.34)
+    assert loaded.kind == "lm" and loaded.splits["train"].column_names == ["text"]
+    assert sorted([*loaded.splits["train"]["text"], *loaded.splits["test"]["text"]]) == [
+        "first line",
+        "second line",
+        "third",
+    ]
+
+
+def test_local_directory_with_train_and_test(tmp_path: Path) -> None:
+    _write(tmp_path / "train.csv", "text,label\n" + "".join(f"t{i},{'ab'[i % 2]}\n" for i in range(8)))
+    _write(tmp_path / "test.csv", "text,label\nu1,c\nu2,a\n")
+    loaded = load_source(str(tmp_path), tmp_path)
+    assert loaded.label_names == ["a", "b", "c"]
+    assert {s: d.num_rows for s, d in loaded.splits.items()} == {"train": 8, "test": 2}
+    assert loaded.splits["test"]["label"] == [2, 0]
+    assert "train.csv" in loaded.split_note
+
+
+def test_local_relative_to_data_dir_and_fingerprint_tracks_edits(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.txt", "one\ntwo\nthree\n")
+    first = load_source("c.txt", tmp_path)
+    assert first.fingerprint == load_source(str(path), tmp_path).fingerprint
+    _write(path, "one\ntwo\nthree\nfour\n")
+    assert load_source(str(path), tmp_path).fingerprint != first.fingerprint
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _error(*args: object, **kwargs: object) -> str:
+    with pytest.raises(UserError) as info:
+        load_source(*args, **kwargs)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    assert "nope.csv" in _error(str(tmp_path / "nope.csv"), tmp_path)
+
+
+def test_unknown_source_lists_available(tmp_path: Path) -> None:
+    message = _error("glue/mnli", tmp_path)
+    assert "glue/mnli" in message and "glue/sst2" in message and "wikitext-2" in message
+
+
+def test_missing_column_names_it_and_lists_columns(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.csv", "body,sentiment\nx,1\ny,0\n")
+    message = _error(str(path), tmp_path, columns={"text": "body", "label": "stars"})
+    assert "'stars'" in message and "body, sentiment" in message and str(path) in message
+    assert "text" in _error(str(path), tmp_path)  # no text column and no mapping
+
+
+def test_bad_json_line_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.jsonl", '{"text": "ok"}\n\n{"text": "bad",, }\n')
+    message = _error(str(path), tmp_path)
+    assert f"bad JSON at {path} line 3" in message
+    whole = _write(tmp_path / "b.json", '[\n{"text": "a"},\n{"text": }\n]')
+    assert f"{whole} line 3" in _error(str(whole), tmp_path)
+
+
+def test_malformed_rows_are_named(tmp_path: Path) -> None:
+    tsv = _write(tmp_path / "a.tsv", "text\tlabel\na\t1\nb\t0\textra\n")
+    assert f"{tsv} line 3" in _error(str(tsv), tmp_path)
+    csv_path = _write(tmp_path / "a.csv", 'text,label\na,1\n"b,0\n')
+    assert str(csv_path) in _error(str(csv_path), tmp_path)
+    no_label = _write(tmp_path / "b.csv", "text,label\na,1\nb,\n")
+    assert f"{no_label} line 3" in _error(str(no_label), tmp_path)
+    no_key = _write(tmp_path / "c.jsonl", '{"text": "a", "label": 1}\n{"text": "b"}\n')
+    assert f"{no_key} line 2" in _error(str(no_key), tmp_path)
+
+
+def test_empty_inputs(tmp_path: Path) -> None:
+    for name in ("e.txt", "e.csv", "e.jsonl"):
+        path = _write(tmp_path / name, "\n \n")
+        assert str(path) in _error(str(path), tmp_path)
+    header_only = _write(tmp_path / "h.csv", "text,label\n")
+    assert str(header_only) in _error(str(header_only), tmp_path)
+
+
+def test_named_source_with_missing_files(tmp_path: Path) -> None:
+    message = _error("glue/sst2", tmp_path)
+    assert str(tmp_path / "glue" / "SST-2") in message
+
+
+def test_bad_parameters(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.txt", "one\ntwo\n")
+    assert "test_fraction" in _error(str(path), tmp_path, test_fraction=1.5)
+    assert "max_train_examples" in _error(str(path), tmp_path, max_train_examples=0)
+    assert "file_format" in _error(str(path), tmp_path, file_format="xml")
+    assert "local files" in _error("glue/sst2", tmp_path, columns={"text": "x"})
+
+
+def test_resolve_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "repo" / "sub").mkdir(parents=True)
+    monkeypatch.delenv("FEDLM_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path / "repo" / "sub")
+    assert resolve_data_dir() == (tmp_path / "shared" / "data").resolve()
+    monkeypatch.setenv("FEDLM_DATA_DIR", str(tmp_path / "repo"))
+    assert resolve_data_dir() == (tmp_path / "repo").resolve()
+    assert resolve_data_dir(str(tmp_path)) == tmp_path.resolve()
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_data_dir(str(tmp_path / "missing"))
+
+
+def test_loaded_data_is_frozen(tmp_path: Path) -> None:
+    loaded = load_source(str(_write(tmp_path / "c.txt", "a\nb\n")), tmp_path)
+    assert isinstance(loaded, LoadedData)
+    with pytest.raises(AttributeError):
+        loaded.kind = "x"  # type: ignore[misc]
