@@ -62,4 +62,4 @@ def test_baselines_run_beside_the_grid(cfg_file):
     cfg = load_config(cfg_file, ["grid={protocol.kind: [fedavg, fedopt]}",
                                  "baselines=[{protocol.kind: centralized}]"])
     labels = [label for label, _ in expand_grid(cfg)]
-    assert labels == ["kind=fedavg", "kind=fedopt", "kind=centralized"]
+    assert labels == ["protocol=fedavg", "protocol=fedopt", "protocol=centralized"]

@@ -142,8 +142,9 @@ def test_run_directory_and_resume_gives_the_same_final_model(tmp_path, tiny_csv)
     for name in ("config.yaml", "metrics.jsonl", "data.json", "learning_curves.png", "summary.md"):
         assert (full_dir / name).is_file(), name
     records = read_metrics(full_dir)
-    assert [r["round"] for r in records] == [1, 2, 3]
-    assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["wall_s"] > 0 for r in records)
+    assert [r["round"] for r in records] == [0, 1, 2, 3]
+    assert "test_accuracy" in records[0] and records[0]["bytes_up"] == 0  # the starting point
+    assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["wall_s"] > 0 for r in records[1:])
     assert "test_accuracy" in records[-1] and "local_accuracy_mean" in records[-1]
 
     class Interrupt(Exception):
@@ -158,9 +159,9 @@ def test_run_directory_and_resume_gives_the_same_final_model(tmp_path, tiny_csv)
     cut_dir = tmp_path / "cut"
     with pytest.raises(Interrupt):
         run_single(cfg, tiny_csv, cut_dir, executor_factory=StopAtRound3)
-    assert [r["round"] for r in read_metrics(cut_dir)] == [1, 2]
+    assert [r["round"] for r in read_metrics(cut_dir)] == [0, 1, 2]
     run_single(cfg, tiny_csv, cut_dir, resume=True)
-    assert [r["round"] for r in read_metrics(cut_dir)] == [1, 2, 3]
+    assert [r["round"] for r in read_metrics(cut_dir)] == [0, 1, 2, 3]
 
     from transformers import AutoModelForSequenceClassification
 
@@ -178,3 +179,13 @@ def test_isolated_reports_mean_and_spread_over_clients(tmp_path, tiny_csv):
     assert "test_accuracy_mean" in rec and "test_accuracy_std" in rec
     assert len(rec["test_by_client"]) == 4
     assert rec["bytes_up"] == 0
+
+
+def test_holdout_gives_each_client_a_local_test_split_from_its_own_share(tmp_path, tiny_csv):
+    raw = tiny_config(tmp_path, tiny_csv)
+    raw["partition"] = {"kind": "iid", "num_clients": 4, "holdout": 0.25}
+    prep = prepare(validate(raw), tiny_csv)
+    n_train = sum(len(r) for r in prep.client_train.values())
+    n_test = sum(len(r) for r in prep.client_test.values())
+    assert n_train + n_test == 120 and 28 <= n_test <= 32  # 25% of each client's 30, rounded per client
+    assert all(len(prep.client_test[c]) > 0 for c in range(4))

@@ -211,13 +211,17 @@ def expand_grid(config: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
 
 
 def _label(overrides: dict[str, Any]) -> str:
-    """A readable run label: 'kind=fedavg,alpha=1'; a whole section's value shows its own items."""
+    """A readable run label, e.g. 'partition=label_dirichlet(alpha=1.0),protocol=fedavg'."""
     parts = []
     for key, value in overrides.items():
+        path = key.split(".")
         if isinstance(value, dict):
-            parts.extend(f"{k}={v}" for k, v in value.items() if k != "num_clients")
+            params = ",".join(f"{k}={v}" for k, v in value.items() if k not in ("kind", "num_clients"))
+            kind = value.get("kind", "")
+            parts.append(f"{key}={kind}({params})" if params else f"{key}={kind}")
         else:
-            parts.append(f"{key.split('.')[-1]}={value}")
+            name = path[-2] if path[-1] == "kind" and len(path) > 1 else path[-1]
+            parts.append(f"{name}={value}")
     return ",".join(parts)
 
 

@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedlm.config import ExperimentConfig, dump_config, expand_grid, read_yaml, validate
-from fedlm.data.partition import Partition, PartitionInput, build_partitioner, partition_cached
+from fedlm.data.partition import Partition, PartitionInput, build_partitioner, holdout_split, partition_cached
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
 from fedlm.federation.client import LocalSettings
@@ -89,8 +89,13 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     spec = {"kind": "iid"} if n_clients == 1 else config.partition.spec()
     partitioner = build_partitioner(spec)
     train_part = partition_cached(partitioner, partition_input(loaded, "train"), n_clients, config.seed, cache_dir)
-    test_part = partition_cached(partitioner, partition_input(loaded, "test"), n_clients, config.seed, cache_dir)
     train = loaded.splits["train"]
+    if partitioner.holdout > 0:  # local test splits carved from each client's own training share
+        train_part, test_part = holdout_split(train_part, partitioner.holdout, config.seed)
+        local_test_source = train
+    else:  # the test split partitioned with the same seed: each client's label mix matches its train share
+        test_part = partition_cached(partitioner, partition_input(loaded, "test"), n_clients, config.seed, cache_dir)
+        local_test_source = loaded.splits["test"]
     texts = list(train["text"]) + (list(train["text_pair"]) if "text_pair" in train.column_names else [])
     tokenizer = build_tokenizer(config.model.checkpoint, config.model.family, texts,
                                 config.model.vocab_size, cache_dir)
@@ -103,7 +108,7 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     return Prepared(
         config=config, loaded=loaded, task_name=task_name, task=task, tokenizer=tokenizer, model=model,
         client_train=split_rows(task, train, train_part, tokenizer, max_len),
-        client_test=split_rows(task, loaded.splits["test"], test_part, tokenizer, max_len),
+        client_test=split_rows(task, local_test_source, test_part, tokenizer, max_len),
         test_rows=test_ds.to_list(),
         partition_sizes={"train": train_part.sizes().tolist(), "test": test_part.sizes().tolist()},
     )

@@ -99,13 +99,16 @@ def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str,
 def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str) -> dict[str, Any]:
     """Final and best headline metric, rounds, bytes and time of one run."""
     key = headline_key(records, metric)
-    _, values = metric_series(records, key) if key else ([], [])
-    best = (max if direction == "max" else min)(values) if values else math.nan
+    rounds, values = metric_series(records, key) if key else ([], [])
+    start = values[0] if rounds and rounds[0] == 0 else math.nan
+    trained = values[1:] if rounds and rounds[0] == 0 else values
+    best = (max if direction == "max" else min)(trained) if trained else math.nan
     std_key = f"{key.removesuffix('_mean')}_std" if key and key.endswith("_mean") else None
     last = records[-1] if records else {}
     return {
         "rounds": int(last.get("round", 0)),
-        f"final {metric}": values[-1] if values else math.nan,
+        f"start {metric}": start,
+        f"final {metric}": trained[-1] if trained else math.nan,
         f"best {metric}": best,
         "spread (std over clients)": last.get(std_key) if std_key else None,
         "MB up": sum(r.get("bytes_up", 0) for r in records) / 1e6,

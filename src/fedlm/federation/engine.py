@@ -92,9 +92,23 @@ class RoundEngine:
     hooks: EngineHooks = field(default_factory=EngineHooks)
 
     def run(self, global_params: NamedTensors, start_round: int = 1) -> NamedTensors:
+        if start_round == 1:
+            self.evaluate_start(global_params)
         for round_idx in range(start_round, self.plan.rounds + 1):
             global_params = self.run_round(round_idx, global_params)
         return global_params
+
+    def evaluate_start(self, global_params: NamedTensors) -> None:
+        """Round 0: the starting point (untrained or original model), so every curve shows what was gained."""
+        if self.hooks.evaluate is None or self.hooks.record is None:
+            return
+        clients = sample_clients(self.client_ids, self.plan.clients_per_round, self.plan.seed, 0)
+        record: dict[str, Any] = {"round": 0, "train_loss": None, "clients": [], "failed": [],
+                                  "train_examples": 0, "bytes_down": 0, "bytes_up": 0}
+        started = time.perf_counter()
+        record.update(self.hooks.evaluate(0, global_params, clients))
+        record["wall_s"] = time.perf_counter() - started
+        self.hooks.record(record)
 
     def run_round(self, round_idx: int, global_params: NamedTensors) -> NamedTensors:
         started = time.perf_counter()
