@@ -99,8 +99,9 @@ def test_two_fedavg_rounds_through_flower_equal_the_simulator(tmp_path, tiny_csv
                                           "run-dir": str(tmp_path / "flower")})
 
     sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
-    assert [r["round"] for r in fl] == [1, 2]
-    for a, b in zip(sim, fl, strict=True):
+    assert [r["round"] for r in fl] == [0, 1, 2]
+    assert sim[0]["test_accuracy"] == fl[0]["test_accuracy"]  # the same starting point
+    for a, b in zip(sim[1:], fl[1:], strict=True):
         assert a["clients"] == b["clients"] and len(b["clients"]) == 2 and not b["failed"]
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)

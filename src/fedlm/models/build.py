@@ -92,8 +92,9 @@ def build_tokenizer(
 def _load_tokenizer(source: str | Path, family: str) -> PreTrainedTokenizerFast:
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token is None:
-        # Decoder checkpoints (GPT-2, Llama) ship without one; end-of-text is safe because every task pads
-        # by attention mask, not by token id.
+        # Decoder checkpoints (GPT-2, Llama) ship without one. Reusing end-of-text is safe: LM targets
+        # follow the attention mask, and HF's decoder classifiers read the rightmost non-pad token, which
+        # right padding leaves on the text's last token.
         if family not in DECODERS or tokenizer.eos_token is None:
             raise UserError(f"tokenizer at {source} has no pad token")
         tokenizer.pad_token = tokenizer.eos_token
