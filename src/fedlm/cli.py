@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     part.add_argument("--out", help="output directory (default: <output_dir>/<name>/partition)")
 
     report = sub.add_parser("report", help="tables and plots for finished run directories")
-    report.add_argument("run_dirs", nargs="+")
+    report.add_argument("run_dirs", nargs="+", help="run directories or grid directories")
+    report.add_argument("--rows", help="config key for the rows of a pivot table, e.g. partition")
+    report.add_argument("--cols", help="config key for its columns, e.g. protocol.kind")
     return parser
 
 
@@ -56,7 +58,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "report":
         from fedlm.commands import report_runs
 
-        report_runs([Path(p) for p in args.run_dirs])
+        report_runs([Path(p) for p in args.run_dirs], args.rows, args.cols)
         return 0
     if args.command == "run":
         if args.resume:

@@ -30,21 +30,54 @@ def partition_report(config: ExperimentConfig, data_dir: Path, out_dir: Path | N
     return out
 
 
-def report_runs(run_dirs: list[Path]) -> None:
-    """Print a comparison table of finished runs and redraw their curves."""
+def _run_dirs(paths: list[Path]) -> list[Path]:
+    """Run directories, with a grid directory standing for every run inside it."""
+    found = []
+    for path in paths:
+        if (path / "grid.yaml").is_file():
+            found.extend(sorted(p.parent for p in path.glob("*/data.json")))
+        elif (path / "data.json").is_file():
+            found.append(path)
+        else:
+            raise UserError(f"{path} is not a run or grid directory (no data.json or grid.yaml); "
+                            "give a directory `fedlm run` wrote")
+    return found
+
+
+def _config_value(run_dir: Path, dotted: str) -> str:
+    """A config value of a run as a short label ('label_dirichlet(alpha=1.0)' for a whole section)."""
+    import yaml
+
+    node = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise UserError(f"--rows/--cols key '{dotted}' is not in {run_dir}/config.yaml")
+        node = node[part]
+    if isinstance(node, dict):
+        params = ",".join(f"{k}={v}" for k, v in node.items() if k not in ("kind", "num_clients"))
+        return f"{node.get('kind', '')}({params})" if params else str(node.get("kind", ""))
+    return str(node)
+
+
+def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | None = None) -> str:
+    """A comparison table of finished runs (or a rows x cols pivot of their final metric); redraws curves."""
     import json
 
     from fedlm.recorder import read_metrics
-    from fedlm.report import markdown_table, plot_run, summarize
+    from fedlm.report import markdown_table, pivot_table, plot_run, summarize
     from fedlm.tasks import get_task
 
-    rows = []
-    for run_dir in run_dirs:
-        meta = run_dir / "data.json"
-        if not meta.is_file():
-            raise UserError(f"{run_dir} is not a run directory (no data.json); give a directory `fedlm run` wrote")
-        target, direction = get_task(json.loads(meta.read_text())["task"]).target_metric()
+    rows, cells = [], []
+    for run_dir in _run_dirs(paths):
+        target, direction = get_task(json.loads((run_dir / "data.json").read_text())["task"]).target_metric()
         records = read_metrics(run_dir)
         plot_run(records, target, run_dir, run_dir.name)
-        rows.append({"run": run_dir.name, **summarize(records, target, direction)})
-    print(markdown_table(rows))
+        summary = summarize(records, target, direction)
+        rows.append({"run": run_dir.name, **summary})
+        if rows_key and cols_key:
+            cells.append((_config_value(run_dir, rows_key), _config_value(run_dir, cols_key), summary, target))
+    text = markdown_table(rows)
+    if cells:
+        text += "\n" + pivot_table(cells)
+    print(text)
+    return text

@@ -135,3 +135,25 @@ def _fmt(value: Any) -> str:
             return "-"
         return f"{value:.4f}" if abs(value) < 100 else f"{value:.1f}"
     return str(value)
+
+
+def pivot_table(cells: Sequence[tuple[str, str, dict[str, Any], str]]) -> str:
+    """Rows x columns of 'final (best)' headline metric; a column that ran once (a baseline) fills every row.
+
+    The first line gives the starting point (round 0) of the runs, which all share the same initial model.
+    """
+    metric = cells[0][3]
+    row_names = list(dict.fromkeys(r for r, _, _, _ in cells))
+    col_names = list(dict.fromkeys(c for _, c, _, _ in cells))
+    value = {(r, c): s for r, c, s, _ in cells}
+    single = {c for c in col_names if sum(1 for r, cc, _, _ in cells if cc == c) == 1}
+    starts = [s[f"start {metric}"] for _, _, s, _ in cells if isinstance(s.get(f"start {metric}"), float)]
+    lines = [f"starting point (round 0) {metric}: " + (_fmt(starts[0]) if starts else "-"), "",
+             f"| {metric}: final (best) | " + " | ".join(col_names) + " |", "|---|" + "---|" * len(col_names)]
+    for r in row_names:
+        out = []
+        for c in col_names:
+            s = value.get((r, c)) or next((v for (rr, cc), v in value.items() if cc == c and c in single), None)
+            out.append(f"{_fmt(s[f'final {metric}'])} ({_fmt(s[f'best {metric}'])})" if s else "-")
+        lines.append(f"| {r} | " + " | ".join(out) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,30 @@
+"""Tables and plots from metrics records."""
+
+from fedlm.report import pivot_table, plot_run, summarize
+
+RECORDS = [
+    {"round": 0, "train_loss": None, "test_accuracy": 0.25, "bytes_up": 0, "bytes_down": 0, "wall_s": 0.5},
+    {"round": 1, "train_loss": 1.0, "test_accuracy": 0.5, "bytes_up": 10, "bytes_down": 20, "wall_s": 1.0},
+    {"round": 2, "train_loss": 0.8, "test_accuracy": 0.4, "bytes_up": 10, "bytes_down": 20, "wall_s": 1.0},
+]
+
+
+def test_summary_separates_start_final_and_best():
+    s = summarize(RECORDS, "accuracy", "max")
+    assert (s["start accuracy"], s["final accuracy"], s["best accuracy"]) == (0.25, 0.4, 0.5)
+    assert s["MB up"] == 20 / 1e6 and s["rounds"] == 2
+
+
+def test_pivot_fills_baseline_column_for_every_row():
+    s = summarize(RECORDS, "accuracy", "max")
+    cells = [("iid", "fedavg", s, "accuracy"), ("alpha=1", "fedavg", s, "accuracy"),
+             ("iid", "centralized", s, "accuracy")]
+    text = pivot_table(cells)
+    assert "starting point (round 0) accuracy: 0.2500" in text
+    rows = [ln for ln in text.splitlines() if ln.startswith("| alpha=1")]
+    assert rows == ["| alpha=1 | 0.4000 (0.5000) | 0.4000 (0.5000) |"]
+
+
+def test_learning_curve_png_is_written(tmp_path):
+    (path,) = plot_run(RECORDS, "accuracy", tmp_path, "t")
+    assert path.is_file() and path.stat().st_size > 1000
