@@ -139,7 +139,8 @@ def test_run_directory_and_resume_gives_the_same_final_model(tmp_path, tiny_csv)
     cfg = validate(raw)
     full_dir = tmp_path / "full"
     run_single(cfg, tiny_csv, full_dir)
-    for name in ("config.yaml", "metrics.jsonl", "data.json", "learning_curves.png", "summary.md"):
+    for name in ("config.yaml", "metrics.jsonl", "data.json", "learning_curves.png", "summary.md",
+                 "partition/partition.csv", "partition/label_distribution.png", "partition/js_divergence.png"):
         assert (full_dir / name).is_file(), name
     records = read_metrics(full_dir)
     assert [r["round"] for r in records] == [0, 1, 2, 3]

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from fedlm.config import ExperimentConfig, dump_config, expand_grid, read_yaml, validate
 from fedlm.data.partition import Partition, PartitionInput, build_partitioner, holdout_split, partition_cached
+from fedlm.data.partition_stats import write_partition_report
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
 from fedlm.federation.client import LocalSettings
@@ -60,6 +61,8 @@ class Prepared:
     client_test: dict[int, list[dict]]
     test_rows: list[dict]
     partition_sizes: dict[str, list[int]] = field(default_factory=dict)
+    train_partition: Partition | None = None
+    train_input: PartitionInput | None = None
 
 
 def partition_input(loaded: LoadedData, split: str) -> PartitionInput:
@@ -88,7 +91,8 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     n_clients = num_clients_of(config)
     spec = {"kind": "iid"} if n_clients == 1 else config.partition.spec()
     partitioner = build_partitioner(spec)
-    train_part = partition_cached(partitioner, partition_input(loaded, "train"), n_clients, config.seed, cache_dir)
+    train_input = partition_input(loaded, "train")
+    train_part = partition_cached(partitioner, train_input, n_clients, config.seed, cache_dir)
     train = loaded.splits["train"]
     if partitioner.holdout > 0:  # local test splits carved from each client's own training share
         train_part, test_part = holdout_split(train_part, partitioner.holdout, config.seed)
@@ -111,6 +115,7 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
         client_test=split_rows(task, local_test_source, test_part, tokenizer, max_len),
         test_rows=test_ds.to_list(),
         partition_sizes={"train": train_part.sizes().tolist(), "test": test_part.sizes().tolist()},
+        train_partition=train_part, train_input=train_input,
     )
 
 
@@ -187,6 +192,8 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
         "train_examples": len(prep.loaded.splits["train"]), "test_examples": len(prep.loaded.splits["test"]),
         "partition": config.partition.spec(), "client_sizes": prep.partition_sizes,
     })
+    if prep.train_partition is not None and prep.train_input is not None:
+        write_partition_report(run_dir / "partition", prep.train_partition, prep.train_input, prep.loaded.label_names)
     protocol = config.protocol
     isolated = protocol.kind == "isolated"
     names = trainable_names(prep.model)
