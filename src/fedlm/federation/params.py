@@ -42,14 +42,14 @@ def all_finite(tensors: NamedTensors) -> str | None:
 
 
 def weighted_mean(items: list[tuple[NamedTensors, float]]) -> NamedTensors:
-    """Sum_i w_i x_i / sum_i w_i, computed in fp32 (float64 accumulation for exactness)."""
+    """Sum_i w_i x_i / sum_i w_i in fp32, accumulated in place (no per-client temporaries)."""
     total = float(sum(w for _, w in items))
     if not math.isfinite(total) or total <= 0:
         raise ValueError("weighted_mean needs positive total weight")
     out: NamedTensors = {}
     for name in items[0][0]:
-        acc = torch.zeros_like(items[0][0][name], dtype=torch.float64)
+        acc = torch.zeros_like(items[0][0][name], dtype=torch.float32)
         for tensors, weight in items:
-            acc += tensors[name].to(torch.float64) * (weight / total)
-        out[name] = acc.to(torch.float32)
+            acc.add_(tensors[name], alpha=weight / total)
+        out[name] = acc
     return out
