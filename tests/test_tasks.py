@@ -96,9 +96,7 @@ def test_pack_blocks_concatenates_and_drops_tail(tokenizers, family):
     stream = []
     for text in (t for t in texts if t.strip()):
         ids = tok(text)["input_ids"]
-        stream += ids + (
-            [tok.eos_token_id] if tok.eos_token_id is not None and ids[-1] != tok.eos_token_id else []
-        )
+        stream += ids + ([tok.eos_token_id] if tok.eos_token_id is not None and ids[-1] != tok.eos_token_id else [])
     blocks = pack_blocks(tok, texts, 4)
     assert [i for block in blocks for i in block] == stream[: len(stream) // 4 * 4]
     assert all(len(block) == 4 for block in blocks)

@@ -48,9 +48,7 @@ class Task(ABC):
         return self.tokenizer
 
     @abstractmethod
-    def preprocess(
-        self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int
-    ) -> datasets.Dataset:
+    def preprocess(self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> datasets.Dataset:
         """Raw text columns -> model-ready columns; binds ``tokenizer``."""
 
     @abstractmethod
@@ -87,8 +85,7 @@ class Task(ABC):
         try:
             with torch.no_grad():
                 parts = [
-                    self._eval_batch(model, self.collate(rows, generator))
-                    for rows in iter_rows(dataset, batch_size)
+                    self._eval_batch(model, self.collate(rows, generator)) for rows in iter_rows(dataset, batch_size)
                 ]
         finally:
             model.train(was_training)
@@ -100,9 +97,7 @@ class TokenPredictionTask(Task):
 
     metric_names = ("loss", "perplexity", "accuracy")
 
-    def preprocess(
-        self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int
-    ) -> datasets.Dataset:
+    def preprocess(self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> datasets.Dataset:
         """Tokenize every text, concatenate and cut into ``max_length`` blocks (short tail dropped)."""
         self.bind(tokenizer)
         return map_batches(
@@ -148,9 +143,7 @@ def map_batches(ds: datasets.Dataset, fn: Callable[[dict], dict], batch_size: in
     was_enabled = not datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
     try:
-        return ds.map(
-            fn, batched=True, batch_size=batch_size, remove_columns=ds.column_names, keep_in_memory=True
-        )
+        return ds.map(fn, batched=True, batch_size=batch_size, remove_columns=ds.column_names, keep_in_memory=True)
     finally:
         if was_enabled:
             datasets.enable_progress_bars()

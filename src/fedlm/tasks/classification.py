@@ -23,9 +23,7 @@ class SequenceTask(Task):
     label_column: ClassVar[str] = "label"
     label_dtype: ClassVar[torch.dtype]
 
-    def preprocess(
-        self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int
-    ) -> datasets.Dataset:
+    def preprocess(self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> datasets.Dataset:
         """Tokenize text (+ pair), truncated to ``max_length``; the label column becomes ``labels``."""
         self.bind(tokenizer)
         missing = {self.text_column, self.label_column} - set(ds.column_names)
@@ -34,9 +32,7 @@ class SequenceTask(Task):
         columns = [self.text_column] + ([self.pair_column] if self.pair_column in ds.column_names else [])
 
         def encode(batch: dict[str, list]) -> dict[str, list]:
-            encoded = tokenizer(
-                *(batch[column] for column in columns), truncation=True, max_length=max_length
-            )
+            encoded = tokenizer(*(batch[column] for column in columns), truncation=True, max_length=max_length)
             kept = {key: encoded[key] for key in ("input_ids", "token_type_ids") if key in encoded}
             return {**kept, "labels": batch[self.label_column]}
 

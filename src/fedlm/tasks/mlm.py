@@ -78,9 +78,7 @@ class MaskedLMTask(TokenPredictionTask):
         tokenizer = self.bound_tokenizer
         ids, attention_mask = pad_ids([row["input_ids"] for row in rows], tokenizer.pad_token_id)
         maskable = attention_mask.bool() & ~torch.isin(ids, self._special_ids)
-        input_ids, labels = mask_tokens(
-            ids, maskable, tokenizer.mask_token_id, self._replacement_ids, generator
-        )
+        input_ids, labels = mask_tokens(ids, maskable, tokenizer.mask_token_id, self._replacement_ids, generator)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
     def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
