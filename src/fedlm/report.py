@@ -77,20 +77,23 @@ def _cumulative_mb(values: list[float]) -> list[float]:
 
 def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str, path: Path, title: str) -> Path:
     """Overlaid learning curves of every run in a grid."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, records in runs:
+    legend_rows = (len(runs) + 1) // 2
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2 + 0.2 * legend_rows))
+    colors = plt.cm.tab20.colors if len(runs) > 10 else plt.cm.tab10.colors
+    for i, (label, records) in enumerate(runs):
+        color = colors[i % len(colors)]
         key = headline_key(records, metric)
         if key:
-            axes[0].plot(*metric_series(records, key), marker="o", ms=3, label=label)
-        axes[1].plot(*metric_series(records, "train_loss"), label=label)
+            axes[0].plot(*metric_series(records, key), marker="o", ms=3, label=label, color=color)
+        axes[1].plot(*metric_series(records, "train_loss"), label=label, color=color)
     axes[0].set_ylabel(metric)
     axes[1].set_ylabel("train loss")
     for ax in axes:
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
+    fig.subplots_adjust(bottom=0.12 + 0.2 * legend_rows / (4.2 + 0.2 * legend_rows))
     fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
