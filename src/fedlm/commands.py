@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedlm.config import ExperimentConfig
+from fedlm.config import ExperimentConfig, section_label
 from fedlm.errors import UserError
 
 
@@ -53,10 +53,7 @@ def _config_value(run_dir: Path, dotted: str) -> str:
         if not isinstance(node, dict) or part not in node:
             raise UserError(f"--rows/--cols key '{dotted}' is not in {run_dir}/config.yaml")
         node = node[part]
-    if isinstance(node, dict):
-        params = ",".join(f"{k}={v}" for k, v in node.items() if k not in ("kind", "num_clients"))
-        return f"{node.get('kind', '')}({params})" if params else str(node.get("kind", ""))
-    return str(node)
+    return section_label(node) if isinstance(node, dict) else str(node)
 
 
 def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | None = None) -> str:

@@ -210,15 +210,20 @@ def expand_grid(config: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
     return runs
 
 
+def section_label(section: dict[str, Any]) -> str:
+    """A section with a `kind` as a short label: 'label_dirichlet(alpha=1.0)' (num_clients left out)."""
+    params = ",".join(f"{k}={v}" for k, v in section.items() if k not in ("kind", "num_clients"))
+    kind = section.get("kind", "")
+    return f"{kind}({params})" if params else str(kind)
+
+
 def _label(overrides: dict[str, Any]) -> str:
     """A readable run label, e.g. 'partition=label_dirichlet(alpha=1.0),protocol=fedavg'."""
     parts = []
     for key, value in overrides.items():
         path = key.split(".")
         if isinstance(value, dict):
-            params = ",".join(f"{k}={v}" for k, v in value.items() if k not in ("kind", "num_clients"))
-            kind = value.get("kind", "")
-            parts.append(f"{key}={kind}({params})" if params else f"{key}={kind}")
+            parts.append(f"{key}={section_label(value)}")
         else:
             name = path[-2] if path[-1] == "kind" and len(path) > 1 else path[-1]
             parts.append(f"{name}={value}")

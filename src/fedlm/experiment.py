@@ -60,9 +60,9 @@ class Prepared:
     client_train: dict[int, list[dict]]
     client_test: dict[int, list[dict]]
     test_rows: list[dict]
+    train_partition: Partition
+    train_input: PartitionInput
     partition_sizes: dict[str, list[int]] = field(default_factory=dict)
-    train_partition: Partition | None = None
-    train_input: PartitionInput | None = None
 
 
 def partition_input(loaded: LoadedData, split: str) -> PartitionInput:
@@ -192,8 +192,7 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
         "train_examples": len(prep.loaded.splits["train"]), "test_examples": len(prep.loaded.splits["test"]),
         "partition": config.partition.spec(), "client_sizes": prep.partition_sizes,
     })
-    if prep.train_partition is not None and prep.train_input is not None:
-        write_partition_report(run_dir / "partition", prep.train_partition, prep.train_input, prep.loaded.label_names)
+    write_partition_report(run_dir / "partition", prep.train_partition, prep.train_input, prep.loaded.label_names)
     protocol = config.protocol
     isolated = protocol.kind == "isolated"
     names = trainable_names(prep.model)
