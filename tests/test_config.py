@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from fedlm.config import expand_grid, load_config
+from fedlm.config import expand_grid, load_config, validate
 from fedlm.errors import UserError
 
 
@@ -24,7 +24,7 @@ def test_overrides_are_typed(cfg_file):
 
 @pytest.mark.parametrize(("override", "expected"), [
     ("protocol.roundz=3", "unknown key 'protocol.roundz'"),
-    ("protocol.rounds=0", "protocol.rounds = 0"),
+    ("protocol.rounds=-1", "protocol.rounds = -1"),
     ("train.lr=fast", "train.lr = 'fast'"),
     ("protocol.kind=fedmagic", "protocol.kind = 'fedmagic'"),
     ("norounds", "not key=value"),
@@ -63,3 +63,17 @@ def test_baselines_run_beside_the_grid(cfg_file):
                                  "baselines=[{protocol.kind: centralized}]"])
     labels = [label for label, _ in expand_grid(cfg)]
     assert labels == ["protocol=fedavg", "protocol=fedopt", "protocol=centralized"]
+
+
+def test_named_grid_axis_applies_its_overrides_together_and_tags_the_run():
+    cfg = validate({"data": {"source": "x"}, "grid": {
+        "dataset": [{"label": "sst2", "data.source": "glue/sst2", "eval.target": 0.8},
+                    {"label": "mrpc", "data.source": "glue/mrpc", "eval.target": 0.7}],
+        "protocol.kind": ["fedavg", "fedprox"]}})
+    runs = expand_grid(cfg)
+    assert [label for label, _ in runs] == ["dataset=sst2,protocol=fedavg", "dataset=sst2,protocol=fedprox",
+                                            "dataset=mrpc,protocol=fedavg", "dataset=mrpc,protocol=fedprox"]
+    mrpc = runs[2][1]
+    assert (mrpc.data.source, mrpc.eval.target, mrpc.tags) == ("glue/mrpc", 0.7, {"dataset": "mrpc"})
+    with pytest.raises(UserError, match=r"grid\.dataset is a named axis"):
+        expand_grid(validate({"data": {"source": "x"}, "grid": {"dataset": ["glue/sst2"]}}))

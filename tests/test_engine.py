@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,8 @@ def _engine(prep, strategy, clients_per_round, fit_fn=fit_client, rounds=1, min_
             max_retries=0):
     names = trainable_names(prep.model)
     executor = InProcessExecutor(prep.model, prep.task, prep.client_train, get_codec("fp32"),
-                                 ClientStore({}), [], fit_fn=fit_fn)
+                                 ClientStore({}, Path(prep.config.output_dir) / "clients.pt"), [],
+                                 fit_fn=fit_fn)
     plan = RoundPlan(rounds=rounds, clients_per_round=clients_per_round, min_clients=min_clients,
                      max_retries=max_retries, timeout_s=timeout, seed=prep.config.seed)
     engine = RoundEngine(strategy, executor, get_codec("fp32"), list(prep.client_train),
@@ -190,3 +192,20 @@ def test_holdout_gives_each_client_a_local_test_split_from_its_own_share(tmp_pat
     n_test = sum(len(r) for r in prep.client_test.values())
     assert n_train + n_test == 120 and 28 <= n_test <= 32  # 25% of each client's 30, rounded per client
     assert all(len(prep.client_test[c]) > 0 for c in range(4))
+
+
+def test_downstream_fine_tunes_the_saved_model_and_rounds_zero_is_the_starting_model(tmp_path, tiny_csv):
+    raw = tiny_config(tmp_path, tiny_csv, rounds=0)
+    raw["task"] = "mlm"
+    raw["downstream"] = {"sentiment": {"data.source": str(tiny_csv), "task": "classification",
+                                       "data.columns": {"text": "sentence", "label": "sentiment"},
+                                       "protocol.kind": "centralized", "protocol.rounds": 1,
+                                       "train.lr": 0.003, "eval.batch_size": 32}}
+    row = run_single(validate(raw), tiny_csv, tmp_path / "pre")
+    records = read_metrics(tmp_path / "pre")
+    assert [r["round"] for r in records] == [0] and row["final perplexity"] == row["start perplexity"]
+    fine = read_metrics(tmp_path / "pre" / "downstream" / "sentiment")
+    assert [r["round"] for r in fine] == [0, 1]
+    assert row["sentiment accuracy"] == fine[-1]["test_accuracy"]
+    sub_config = (tmp_path / "pre" / "downstream" / "sentiment" / "config.yaml").read_text()
+    assert f"checkpoint: {tmp_path / 'pre' / 'model'}" in sub_config

@@ -87,9 +87,16 @@ def run_through_flower(monkeypatch, num_nodes: int, **server_defaults) -> None:
                    num_supernodes=num_nodes, backend_name="thread")
 
 
-def test_two_fedavg_rounds_through_flower_equal_the_simulator(tmp_path, tiny_csv, monkeypatch, no_telemetry):
-    raw = tiny_config(tmp_path, tiny_csv, codec="fp16", clients_per_round=2)
+@pytest.mark.parametrize(("codec", "sharing", "framing"), [
+    ({"codec": "fp16"}, {}, 1.05),
+    ({"codec": "int8", "codec_block_size": 64}, {}, 1.2),
+    ({"codec": "fp16"}, {"freeze_window": {"epsilon": 1}}, 1.05),  # FFDAPT: frozen blocks are not sent back
+])
+def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, framing, tmp_path, tiny_csv,
+                                                              monkeypatch, no_telemetry):
+    raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2, **codec)
     raw["partition"]["num_clients"] = 3
+    raw["sharing"] = sharing
     config = validate(raw)
     config_path = tmp_path / "experiment.yaml"
     config_path.write_text(dump_config(config))
@@ -105,9 +112,11 @@ def test_two_fedavg_rounds_through_flower_equal_the_simulator(tmp_path, tiny_csv
         assert a["clients"] == b["clients"] and len(b["clients"]) == 2 and not b["failed"]
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
-        assert a["bytes_down"] == b["bytes_down"]
-        # fp16 arrays travel as fp16: the upload is the simulator's payload plus a little framing
-        assert a["bytes_up"] < b["bytes_up"] < a["bytes_up"] * 1.05
+        assert (a["bytes_down"], a["bytes_down_meta"]) == (b["bytes_down"], b["bytes_down_meta"])
+        # arrays travel in the codec's dtype: the upload is the simulator's payload plus each array's framing
+        # (npy header, name), which weighs more next to int8's quarter-size arrays and their scales
+        assert a["bytes_up"] < b["bytes_up"] < a["bytes_up"] * framing
+        assert a["bytes_up_meta"] <= b["bytes_up_meta"] and (a["bytes_up_meta"] > 0) == (codec["codec"] == "int8")
 
     a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
     b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
@@ -169,18 +178,18 @@ def echo(scale: float = 1.0, names: list[str] | None = None):
 
     def handle(msg: Message) -> Message:
         job, _ = flower.job_from_content(msg.content)
-        codec = get_codec(job.params.codec)
+        codec = flower.codec_from_content(msg.content)
         params = {n: t * scale for n, t in codec.decode(job.params).items()}
         if names is not None:
             params = {new: params[old] for new, old in zip(names, params, strict=True)}
         report = ClientReport(ClientUpdate(job.client_id, 10, params, {"train_loss": 0.5}), 0)
-        return Message(flower.report_content(report, codec), reply_to=msg)
+        return Message(flower.report_content(report, codec.encode(params)), reply_to=msg)
 
     return handle
 
 
-def _job(client_id: int, codec: str = "fp16") -> ClientJob:
-    params = get_codec(codec).encode({"w": torch.ones(2, 3), "b": torch.zeros(3)})
+def _job(client_id: int, codec: str = "fp16", block_size: int | None = None) -> ClientJob:
+    params = get_codec(codec, block_size).encode({"w": torch.ones(2, 3), "b": torch.zeros(3)})
     return ClientJob(client_id, 1, params, LocalSettings(max_grad_norm=None, local_steps=3), seed=11,
                      timeout_s=None)
 
@@ -224,6 +233,28 @@ def test_job_travels_with_all_settings_and_none_values(task_identity):
     assert (back.client_id, back.round_idx, back.seed, back.timeout_s) == (3, 1, 11, None)
     assert back.params.codec == "bf16" and back.params.tensors["w"].dtype == torch.bfloat16
     assert back.params.payload_bytes == job.params.payload_bytes
+
+
+def test_int8_job_and_reply_carry_scales_and_block_size(task_identity):
+    job = _job(0, codec="int8", block_size=4)
+    content = over_the_wire(Message(flower.job_content(job, "name: x\n", 4), dst_node_id=7,
+                                    message_type="train")).content
+    back, _ = flower.job_from_content(content)
+    codec = flower.codec_from_content(content)
+    assert (codec.name, codec.block_size) == ("int8", 4)
+    assert back.params.tensors["w"].dtype == torch.int8 and back.params.meta["w"].shape == (2,)  # 6 values, blocks of 4
+    assert (back.params.payload_bytes, back.params.meta_bytes) == (9, 3 * 4)  # 2 scales for w, 1 for b
+    for name in ("w", "b"):
+        assert torch.equal(back.params.tensors[name], job.params.tensors[name])
+        assert torch.equal(back.params.meta[name], job.params.meta[name])
+
+    grid = ScriptedGrid({100: echo(-3.0)})
+    executor = flower.FlowerExecutor(grid, {0: 100}, get_codec("int8", 4), "name: x", timeout_s=5.0)
+    [report] = executor.run([job])
+    assert isinstance(report, ClientReport)
+    assert torch.equal(report.update.params["w"], torch.full((2, 3), -3.0))
+    assert report.update.params["w"].dtype == torch.float32
+    assert report.upload_meta_bytes >= 3 * 4 and report.upload_bytes >= 9 + report.upload_meta_bytes
 
 
 def test_discovery_maps_partitions_to_nodes_and_rejects_duplicates(task_identity):

@@ -26,6 +26,7 @@ EXPECTED = {
     "pubmedqa": ("classification", ["text", "text_pair", "label"], 3, {"train": 500, "test": 500}),
     "pubmedqa-contexts": ("lm", ["text"], None, {"train": 500, "test": 500}),
     "ncbi-disease-abstracts": ("lm", ["text"], None, {"train": 593, "validation": 100, "test": 100}),
+    "biomedical-abstracts": ("lm", ["text"], None, {"train": 653 + 500 + 593, "test": 72 + 500 + 100}),
 }
 
 

@@ -60,6 +60,8 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
     """A comparison table of finished runs (or a rows x cols pivot of their final metric); redraws curves."""
     import json
 
+    import yaml
+
     from fedlm.recorder import read_metrics
     from fedlm.report import markdown_table, pivot_table, plot_run, summarize
     from fedlm.tasks import get_task
@@ -69,7 +71,8 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
         target, direction = get_task(json.loads((run_dir / "data.json").read_text())["task"]).target_metric()
         records = read_metrics(run_dir)
         plot_run(records, target, run_dir, run_dir.name)
-        summary = summarize(records, target, direction)
+        goal = yaml.safe_load((run_dir / "config.yaml").read_text()).get("eval", {}).get("target")
+        summary = summarize(records, target, direction, goal)
         rows.append({"run": run_dir.name, **summary})
         if rows_key and cols_key:
             cells.append((_config_value(run_dir, rows_key), _config_value(run_dir, cols_key), summary, target))

@@ -68,7 +68,7 @@ class TrainConfig(_Section):
 
 class ProtocolConfig(_Section):
     kind: Literal["centralized", "isolated", "fedavg", "fedprox", "fedopt"] = "fedavg"
-    rounds: int = Field(10, ge=1)
+    rounds: int = Field(10, ge=0, description="0 evaluates and saves the starting model (a baseline)")
     clients_per_round: int | None = Field(None, ge=1, description="sampled clients; overrides fraction")
     fraction: float = Field(1.0, gt=0.0, le=1.0)
     mu: float = Field(0.01, ge=0.0, description="FedProx proximal weight")
@@ -81,17 +81,49 @@ class ProtocolConfig(_Section):
     min_clients: int = Field(1, ge=1, description="fewest reporting clients for a round to count")
     max_retries: int = Field(2, ge=0, description="re-runs of a round that got too few reports")
     client_timeout_s: float | None = Field(None, gt=0.0)
-    codec: Literal["fp32", "fp16", "bf16"] = "fp32"
+    codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    codec_block_size: int | None = Field(
+        None, ge=1, description="int8: one absmax scale per block of this many values (null: one per tensor)")
+
+    @model_validator(mode="after")
+    def _block_size_needs_int8(self) -> ProtocolConfig:
+        if self.codec_block_size is not None and self.codec != "int8":
+            raise ValueError(f"codec_block_size is for codec int8 (codec is {self.codec}); remove it or use int8")
+        return self
+
+
+class FreezeWindowConfig(_Section):
+    """FFDAPT: client k freezes min(epsilon, ceil(n_k/n * blocks) * gamma) consecutive blocks, rotating."""
+
+    epsilon: int = Field(ge=0, description="most blocks a client freezes")
+    gamma: float = Field(1.0, ge=0.0, description="scales the size-proportional window")
+
+
+class SharingConfig(_Section):
+    """Which parameters are global (sent, aggregated), local (kept by each client) or frozen (not trained).
+
+    Selectors: embeddings, head, 'block N', 'blocks A-B' (from 1), or 're:PATTERN' on parameter names.
+    """
+
+    critical_layer: int | None = Field(
+        None, ge=0, description="FedSplitBERT c: embeddings + blocks 1..c global, the rest local (null: all global)")
+    local: list[str] = Field(default_factory=list, description="selectors kept on each client")
+    frozen: list[str] = Field(default_factory=list, description="selectors nobody trains or sends")
+    freeze_window: FreezeWindowConfig | None = None
+    local_store: Literal["auto", "memory", "disk"] = Field(
+        "auto", description="where clients' local parameters live between rounds (auto: disk past 2 GB)")
 
 
 class EvalConfig(_Section):
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last)")
     local: bool = True
     batch_size: int = Field(64, ge=1)
+    target: float | None = Field(None, description="report the bytes needed to first reach this headline score")
 
 
 class ExperimentConfig(_Section):
     name: str = "run"
+    tags: dict[str, str] = Field(default_factory=dict, description="labels; a named grid axis writes its own here")
     seed: int = 0
     output_dir: str = "runs"
     task: Literal["auto", "mlm", "clm", "classification", "regression"] = "auto"
@@ -100,11 +132,16 @@ class ExperimentConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
+    sharing: SharingConfig = Field(default_factory=SharingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint_every: int = Field(1, ge=1)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     baselines: list[dict[str, Any]] = Field(
         default_factory=list, description="extra runs beside the grid, each a mapping of dotted overrides")
+    downstream: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="after the run, fine-tune its saved model on each named task (dotted overrides of a fresh "
+                    "config inheriting seed, output_dir, model.family and model.max_length)")
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
@@ -193,6 +230,23 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return validate(raw)
 
 
+def is_named_axis(key: str) -> bool:
+    """A grid key that is not a config key names an axis whose values are sets of overrides applied together
+    (e.g. ``dataset: [{label: sst2, data.source: glue/sst2, partition.mixes: ...}, ...]``)."""
+    return "." not in key and key not in ExperimentConfig.model_fields
+
+
+def _axis_value(key: str, value: Any) -> tuple[dict[str, Any], str]:
+    """(overrides, label) of one value of a named axis."""
+    if not isinstance(value, dict):
+        raise UserError(f"config error: grid.{key} is a named axis (not a config key), so each value must be a "
+                        f"mapping of dotted overrides, got {value!r}")
+    if not isinstance(value.get("label", ""), str | int | float):
+        raise UserError(f"config error: grid.{key}: label must be a string, got {value['label']!r}")
+    overrides = {k: v for k, v in value.items() if k != "label"}
+    return overrides, str(value.get("label", _label(overrides)))
+
+
 def expand_grid(config: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
     """Every combination of the grid's values, each as (label, config); no grid -> the config itself."""
     if not config.grid and not config.baselines:
@@ -200,13 +254,28 @@ def expand_grid(config: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
     base = config.model_dump()
     base["grid"], base["baselines"] = {}, []
     keys = list(config.grid)
-    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*config.grid.values())]
     runs = []
-    for overrides in (combos if keys else []) + list(config.baselines):
+    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*config.grid.values())]
+    for choice in (combos if keys else []) + [{"": b} for b in config.baselines]:
         raw = copy.deepcopy(base)
+        overrides: dict[str, Any] = {}
+        labels: list[str] = []
+        for key, value in choice.items():
+            if key == "":  # a baseline: dotted overrides, optionally with a label
+                baseline_overrides, baseline_label = _axis_value("baselines", value)
+                overrides.update(baseline_overrides)
+                labels.append(baseline_label)
+            elif is_named_axis(key):
+                axis_overrides, axis_label = _axis_value(key, value)
+                overrides.update(axis_overrides)
+                raw.setdefault("tags", {})[key] = axis_label
+                labels.append(f"{key}={axis_label}")
+            else:
+                overrides[key] = value
+                labels.append(_label({key: value}))
         for key, value in overrides.items():
             set_dotted(raw, key.split("."), value)
-        runs.append((_label(overrides), validate(raw)))
+        runs.append((",".join(labels), validate(raw)))
     return runs
 
 
@@ -228,6 +297,22 @@ def _label(overrides: dict[str, Any]) -> str:
             name = path[-2] if path[-1] == "kind" and len(path) > 1 else path[-1]
             parts.append(f"{name}={value}")
     return ",".join(parts)
+
+
+def downstream_config(config: ExperimentConfig, name: str, checkpoint: str) -> ExperimentConfig:
+    """The fine-tuning run ``name`` of ``config.downstream``, starting from the model saved at ``checkpoint``."""
+    raw: dict[str, Any] = {
+        "name": f"{config.name}[{name}]", "tags": dict(config.tags), "seed": config.seed,
+        "output_dir": config.output_dir,
+        "model": {"family": config.model.family, "checkpoint": checkpoint, "preset": None,
+                  "max_length": config.model.max_length},
+    }
+    for key, value in config.downstream[name].items():
+        set_dotted(raw, key.split("."), value)
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(_format_error(err).replace("config error:", f"config error in downstream.{name}:")) from None
 
 
 def dump_config(config: ExperimentConfig) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedlm.config import ExperimentConfig, dump_config, expand_grid, read_yaml, validate
+from fedlm.config import ExperimentConfig, downstream_config, dump_config, expand_grid, read_yaml, validate
 from fedlm.data.partition import Partition, PartitionInput, build_partitioner, holdout_split, partition_cached
 from fedlm.data.partition_stats import write_partition_report
 from fedlm.data.sources import LoadedData, load_source
@@ -21,8 +21,9 @@ from fedlm.errors import UserError
 from fedlm.federation.client import LocalSettings
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundPlan
-from fedlm.federation.params import NamedTensors, load_into, snapshot, trainable_names
-from fedlm.federation.simulation import ClientStore, InProcessExecutor
+from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot, trainable_names
+from fedlm.federation.sharing import SharingPolicy, build_policy
+from fedlm.federation.simulation import ClientStore, InProcessExecutor, make_client_store
 from fedlm.federation.strategies import build_strategy
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.recorder import RunRecorder, read_metrics
@@ -120,12 +121,15 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
 
 
 class Evaluator:
-    """Global model on the global test split; each evaluated client's model on its local test split."""
+    """Global model on the global test split; each evaluated client's model on its local test split.
 
-    def __init__(self, prep: Prepared, store: ClientStore, isolated: bool) -> None:
+    When clients keep local parameters (personalized runs), there is no single global model: each client's
+    own model (global part + its local part) is scored on the global test split too, as mean and std."""
+
+    def __init__(self, prep: Prepared, store: ClientStore, personalized: bool) -> None:
         self.prep = prep
         self.store = store
-        self.isolated = isolated
+        self.personalized = personalized
         self.batch_size = prep.config.eval.batch_size
         self.local = prep.config.eval.local and prep.config.protocol.kind != "centralized"
 
@@ -139,7 +143,7 @@ class Evaluator:
 
     def __call__(self, round_idx: int, global_params: NamedTensors, clients: list[int]) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.isolated:
+        if self.personalized:
             per_client = {}
             for cid in clients:
                 self._client_model(global_params, cid)
@@ -194,26 +198,27 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     })
     write_partition_report(run_dir / "partition", prep.train_partition, prep.train_input, prep.loaded.label_names)
     protocol = config.protocol
-    isolated = protocol.kind == "isolated"
-    names = trainable_names(prep.model)
-    shared = [] if isolated else names
-    initial = snapshot(prep.model, names)
-    store = ClientStore({n: initial[n] for n in names if n not in shared})
-    global_params = {n: initial[n] for n in shared}
+    n_clients = num_clients_of(config)
+    policy = sharing_policy(prep, n_clients)
+    recorder.write_json("sharing.json", describe_policy(policy, prep.model))
+    initial = snapshot(prep.model, policy.global_names + policy.local_names)
+    store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
+                              recorder.client_store_path, run_dir / "client_states")
+    global_params = {n: initial[n] for n in policy.global_names}
     strategy = build_strategy(protocol)
-    codec = get_codec("fp32" if protocol.kind == "centralized" else protocol.codec)
+    codec = get_codec("fp32", None) if protocol.kind == "centralized" else get_codec(protocol.codec,
+                                                                                      protocol.codec_block_size)
     start = 1
     if checkpoint is not None:
         global_params = checkpoint["global"]
         strategy.load_state_dict(checkpoint["strategy"])
-        store.load(recorder.client_store_path)
+        store.restore()
         start = checkpoint["round"] + 1
         recorder.truncate_after(checkpoint["round"])
         log.info("resuming %s from round %d", run_dir, start)
     elif resume:
         recorder.truncate_after(0)
-    n_clients = num_clients_of(config)
-    per_round = n_clients if isolated or protocol.kind == "centralized" else (
+    per_round = n_clients if protocol.kind in ("isolated", "centralized") else (
         protocol.clients_per_round or max(1, round(protocol.fraction * n_clients)))
     plan = RoundPlan(rounds=protocol.rounds, clients_per_round=min(per_round, n_clients),
                      min_clients=min(protocol.min_clients, per_round), max_retries=protocol.max_retries,
@@ -241,33 +246,84 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
                   f"{shown} wall={record['wall_s']:.1f}s", flush=True)
 
     def save_checkpoint(round_idx: int, params: NamedTensors) -> None:
-        store.save(recorder.client_store_path)
+        store.commit()
         recorder.save_checkpoint(round_idx, {"global": params, "strategy": strategy.state_dict()})
 
-    local_names = [n for n in names if n not in shared]
     executor = (executor_factory or InProcessExecutor)(
-        prep.model, prep.task, prep.client_train, codec, store, local_names, progress=on_client)
+        prep.model, prep.task, prep.client_train, codec, store, policy.local_names, progress=on_client)
     engine = RoundEngine(
         strategy=strategy, executor=executor, codec=codec, client_ids=list(range(n_clients)),
         settings=LocalSettings.from_config(config.train), plan=plan,
-        hooks=EngineHooks(evaluate=Evaluator(prep, store, isolated), record=recorder.log_round,
-                          checkpoint=save_checkpoint, on_round=on_round))
+        hooks=EngineHooks(evaluate=Evaluator(prep, store, policy.personalized), record=recorder.log_round,
+                          checkpoint=save_checkpoint, on_round=on_round, frozen_for=policy.frozen_for))
     final = engine.run(global_params, start_round=start)
     bar.close()
     client_bar.close()
-    save_final_model(prep, final, store, run_dir / "model", isolated, n_clients)
+    save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients)
     records = recorder.records()
     plot_run(records, target, run_dir, f"{config.name}: {protocol.kind} on {config.data.source}")
-    row = {"run": config.name, "protocol": protocol.kind, **summarize(records, target, direction)}
+    row = {"run": config.name, "protocol": protocol.kind, **summarize(records, target, direction, config.eval.target)}
+    row.update(run_downstream(config, data_dir, run_dir, resume, policy.personalized))
     recorder.write_text("summary.md", markdown_table([row]))
     return row
 
 
-def save_final_model(prep: Prepared, final: NamedTensors, store: ClientStore, path: Path, isolated: bool,
+def run_downstream(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume: bool,
+                   personalized: bool) -> dict[str, Any]:
+    """Fine-tune the saved model on each downstream task (FDAPT / FedBERT evaluate pre-training this way);
+    returns each task's final score, keyed '<name> <metric>'."""
+    if not config.downstream:
+        return {}
+    if personalized:
+        raise UserError("downstream fine-tuning needs one global model, but this run keeps parameters on the "
+                        "clients (sharing.critical_layer / isolated); drop `downstream` or share every layer")
+    scores: dict[str, Any] = {}
+    for name in config.downstream:
+        sub = downstream_config(config, name, str(run_dir / "model"))
+        sub_dir = run_dir / "downstream" / slug(name)
+        if not (resume and _finished(sub_dir, sub.protocol.rounds)):
+            log.info("%s: fine-tuning on downstream task %s", config.name, name)
+            run_single(sub, data_dir, sub_dir, resume=resume and (sub_dir / "config.yaml").exists())
+        metric, direction = get_task(_task_of(sub_dir)).target_metric()
+        summary = summarize(read_metrics(sub_dir), metric, direction)
+        scores[f"{name} {metric}"] = summary[f"final {metric}"]
+    return scores
+
+
+def sharing_policy(prep: Prepared, n_clients: int) -> SharingPolicy:
+    """Resolve the config's sharing section on this model; parameters frozen for everyone stop needing grads."""
+    names = trainable_names(prep.model)
+    sizes = {cid: len(prep.client_train.get(cid, [])) for cid in range(n_clients)}
+    policy = build_policy(prep.config.sharing, prep.config.protocol.kind, names, sizes)
+    params = dict(prep.model.named_parameters())
+    for name in policy.frozen_names:
+        params[name].requires_grad_(False)
+    return policy
+
+
+def describe_policy(policy: SharingPolicy, model: torch.nn.Module) -> dict[str, Any]:
+    """What the run shares, for its directory: names and sizes of the global, local and frozen parts."""
+    params = dict(model.named_parameters())
+
+    def part(names: list[str]) -> dict[str, Any]:
+        size = nbytes({n: params[n].detach() for n in names})
+        return {"tensors": len(names), "fp32_bytes": size, "names": names}
+
+    out = {"global": part(policy.global_names), "local": part(policy.local_names),
+           "frozen": part(policy.frozen_names)}
+    if policy.window is not None:
+        out["freeze_window"] = {"epsilon": policy.window.epsilon, "gamma": policy.window.gamma,
+                                "blocks": policy.window.blocks,
+                                "blocks_frozen_per_client": {c: policy.window.count(c) for c in policy.window.sizes}}
+    return out
+
+
+def save_final_model(prep: Prepared, final: NamedTensors, store: ClientStore, path: Path, personalized: bool,
                      n_clients: int) -> None:
-    """Save with save_pretrained so the result loads in plain transformers (isolated: one per client, <= 10)."""
-    if isolated:
+    """Save with save_pretrained so the result loads in plain transformers (personalized: one per client, <= 10)."""
+    if personalized:
         for cid in range(min(n_clients, 10)):
+            load_into(prep.model, final)
             load_into(prep.model, store.get(cid))
             prep.model.save_pretrained(path / f"client_{cid}")
             prep.tokenizer.save_pretrained(path / f"client_{cid}")
@@ -304,7 +360,8 @@ def _run_grid(config: ExperimentConfig, runs: list, data_dir: Path, root: Path, 
             run_single(sub, data_dir, run_dir, resume=resume and (run_dir / "config.yaml").exists())
         records = read_metrics(run_dir)
         target, direction = get_task(_task_of(run_dir)).target_metric()
-        rows.append({"run": label, **summarize(records, target, direction)})
+        rows.append({"run": label, **summarize(records, target, direction, sub.eval.target),
+                     **run_downstream(sub, data_dir, run_dir, resume=True, personalized=False)})
         curves.append((label, records))
     plot_grid(curves, target, root / "comparison.png", f"{config.name}: {target} per round")
     table = markdown_table(rows)

@@ -99,15 +99,18 @@ def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str,
     return path
 
 
-def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str) -> dict[str, Any]:
-    """Final and best headline metric, rounds, bytes and time of one run."""
+def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
+              goal: float | None = None) -> dict[str, Any]:
+    """Final and best headline metric, rounds, bytes and time of one run (and, given a goal score, the
+    round and the bytes both ways it took to first reach it, FedSplitBERT Table VI's communication cost)."""
     key = headline_key(records, metric)
     rounds, values = metric_series(records, key) if key else ([], [])
     start = values[0] if rounds and rounds[0] == 0 else math.nan
-    trained = values[1:] if rounds and rounds[0] == 0 else values
+    trained = (values[1:] if rounds and rounds[0] == 0 else values) or values  # rounds: 0 -> the start itself
     best = (max if direction == "max" else min)(trained) if trained else math.nan
     std_key = f"{key.removesuffix('_mean')}_std" if key and key.endswith("_mean") else None
     last = records[-1] if records else {}
+    reached = _first_reaching(records, key, direction, goal) if key and goal is not None else {}
     return {
         "rounds": int(last.get("round", 0)),
         f"start {metric}": start,
@@ -117,13 +120,26 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str) ->
         "MB up": sum(r.get("bytes_up", 0) for r in records) / 1e6,
         "MB down": sum(r.get("bytes_down", 0) for r in records) / 1e6,
         "wall s": sum(r.get("wall_s", 0.0) for r in records),
+        **reached,
     }
+
+
+def _first_reaching(records: Sequence[dict[str, Any]], key: str, direction: str, goal: float) -> dict[str, Any]:
+    """Round and cumulative MB (up + down) at the first trained round whose headline score reaches ``goal``."""
+    sent = 0
+    for rec in records:
+        sent += rec.get("bytes_up", 0) + rec.get("bytes_down", 0)
+        value = rec.get(key)
+        if rec.get("round", 0) > 0 and isinstance(value, int | float) and (
+                value >= goal if direction == "max" else value <= goal):
+            return {"target": goal, "round to target": int(rec["round"]), "MB to target": sent / 1e6}
+    return {"target": goal, "round to target": None, "MB to target": None}
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return "(no runs)\n"
-    headers = list(rows[0])
+    headers = list(dict.fromkeys(h for row in rows for h in row))
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(h)) for h in headers) + " |")

@@ -324,6 +324,17 @@ def _load_ncbi(data_dir: Path, fraction: float, seed: int) -> _Raw:
     return _Raw(splits, "lm", None, note, files)
 
 
+def _load_biomedical(data_dir: Path, fraction: float, seed: int) -> _Raw:
+    """All staged biomedical abstracts (FDAPT's domain corpus): the three sources' train splits pooled for
+    pre-training, their test splits for held-out MLM loss; pubmedqa's test contexts stay out of training."""
+    parts = [_load_pubmed_abstracts(data_dir, fraction, seed), _load_pubmedqa_contexts(data_dir, fraction, seed),
+             _load_ncbi(data_dir, fraction, seed)]
+    splits = {s: {"text": [t for p in parts for t in p.splits[s]["text"]]} for s in ("train", "test")}
+    note = "train/test = the train/test splits of pubmed-abstracts + pubmedqa-contexts + ncbi-disease-abstracts: "
+    note += " | ".join(p.note for p in parts)
+    return _Raw(splits, "lm", None, note, [f for p in parts for f in p.files])
+
+
 _Loader = Callable[[Path, float, int], _Raw]
 _SOURCES: dict[str, _Loader] = {
     "wikitext-2": _load_wikitext,
@@ -334,6 +345,7 @@ _SOURCES: dict[str, _Loader] = {
     "pubmedqa": _load_pubmedqa,
     "pubmedqa-contexts": _load_pubmedqa_contexts,
     "ncbi-disease-abstracts": _load_ncbi,
+    "biomedical-abstracts": _load_biomedical,
 }
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fedlm.federation.client import LocalSettings, local_seed
-from fedlm.federation.codecs import CastCodec, Encoded
+from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.params import NamedTensors
 from fedlm.federation.strategies import ClientUpdate, FedAvg, sample_clients
 
@@ -32,6 +32,7 @@ class ClientJob:
     settings: LocalSettings
     seed: int
     timeout_s: float | None = None
+    frozen: tuple[str, ...] = ()  # global parameters this client neither trains nor uploads this round
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class ClientReport:
     """An update as the server received it: decoded params plus what it cost to send."""
 
     update: ClientUpdate
-    upload_bytes: int
+    upload_bytes: int  # everything sent, scale metadata included
+    upload_meta_bytes: int = 0
 
 
 class Executor(Protocol):
@@ -79,13 +81,14 @@ class EngineHooks:
     record: Callable[[dict[str, Any]], None] | None = None
     checkpoint: Callable[[int, NamedTensors], None] | None = None
     on_round: Callable[[int, dict[str, Any]], None] | None = None
+    frozen_for: Callable[[int, list[int], int], tuple[str, ...]] | None = None  # (round, clients, client)
 
 
 @dataclass
 class RoundEngine:
     strategy: FedAvg
     executor: Executor
-    codec: CastCodec
+    codec: Codec
     client_ids: list[int]
     settings: LocalSettings
     plan: RoundPlan
@@ -104,7 +107,8 @@ class RoundEngine:
             return
         clients = sample_clients(self.client_ids, self.plan.clients_per_round, self.plan.seed, 0)
         record: dict[str, Any] = {"round": 0, "train_loss": None, "clients": [], "failed": [],
-                                  "train_examples": 0, "bytes_down": 0, "bytes_up": 0}
+                                  "train_examples": 0, "bytes_down": 0, "bytes_up": 0, "bytes_down_meta": 0,
+                                  "bytes_up_meta": 0}
         started = time.perf_counter()
         record.update(self.hooks.evaluate(0, global_params, clients))
         record["wall_s"] = time.perf_counter() - started
@@ -114,14 +118,15 @@ class RoundEngine:
         started = time.perf_counter()
         sent = self.codec.encode(global_params)
         settings = LocalSettings(**{**self.settings.__dict__, **self.strategy.client_config()})
-        download_bytes = 0
+        download_bytes = download_meta = 0
         failures: list[ClientFailure] = []
         for attempt in range(self.plan.max_retries + 1):
             sampled = sample_clients(self.client_ids, self.plan.clients_per_round, self.plan.seed,
                                      round_idx, attempt)
             jobs = [ClientJob(cid, round_idx, sent, settings, local_seed(self.plan.seed, round_idx, cid),
-                              self.plan.timeout_s) for cid in sampled]
+                              self.plan.timeout_s, self._frozen(round_idx, sampled, cid)) for cid in sampled]
             download_bytes += sent.total_bytes * len(jobs)
+            download_meta += sent.meta_bytes * len(jobs)
             results = self.executor.run(jobs)
             reports = [r for r in results if isinstance(r, ClientReport)]
             failed = [r for r in results if isinstance(r, ClientFailure)]
@@ -137,10 +142,12 @@ class RoundEngine:
             raise RoundFailed(f"round {round_idx}: fewer than {self.plan.min_clients} clients reported "
                               f"after {self.plan.max_retries + 1} attempts ({reasons})")
         updates = [r.update for r in reports]
+        train_s = time.perf_counter() - started  # clients' share of the round (FFDAPT's saving shows here)
         if global_params:
             global_params = self.strategy.aggregate(global_params, updates)
-        record = self._round_record(round_idx, updates, failures, download_bytes,
-                                    sum(r.upload_bytes for r in reports))
+        record = self._round_record(round_idx, updates, failures, (download_bytes, download_meta),
+                                    (sum(r.upload_bytes for r in reports), sum(r.upload_meta_bytes for r in reports)))
+        record["train_s"] = train_s
         if self._due(round_idx, self.plan.eval_every) and self.hooks.evaluate is not None:
             record.update(self.hooks.evaluate(round_idx, global_params, [u.client_id for u in updates]))
         record["wall_s"] = time.perf_counter() - started
@@ -152,11 +159,16 @@ class RoundEngine:
             self.hooks.on_round(round_idx, record)
         return global_params
 
+    def _frozen(self, round_idx: int, sampled: list[int], client_id: int) -> tuple[str, ...]:
+        return self.hooks.frozen_for(round_idx, sampled, client_id) if self.hooks.frozen_for else ()
+
     def _due(self, round_idx: int, every: int) -> bool:
         return round_idx % every == 0 or round_idx == self.plan.rounds
 
     def _round_record(self, round_idx: int, updates: list[ClientUpdate], failures: list[ClientFailure],
-                      download_bytes: int, upload_bytes: int) -> dict[str, Any]:
+                      down: tuple[int, int], up: tuple[int, int]) -> dict[str, Any]:
+        """Bytes per direction: total (what crossed the wire) and the scale metadata part of it."""
+        count = 1 if self.plan.count_bytes else 0
         examples = sum(u.num_examples for u in updates)
         loss = sum(u.metrics.get("train_loss", math.nan) * u.num_examples for u in updates) / max(examples, 1)
         return {
@@ -165,6 +177,8 @@ class RoundEngine:
             "clients": [u.client_id for u in updates],
             "failed": [{"client": f.client_id, "reason": f.reason} for f in failures],
             "train_examples": examples,
-            "bytes_down": download_bytes if self.plan.count_bytes else 0,
-            "bytes_up": upload_bytes if self.plan.count_bytes else 0,
+            "bytes_down": down[0] * count,
+            "bytes_up": up[0] * count,
+            "bytes_down_meta": down[1] * count,
+            "bytes_up_meta": up[1] * count,
         }

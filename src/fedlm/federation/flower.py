@@ -13,20 +13,25 @@ What travels:
 
 * ``query`` (server -> each node, once): empty; reply ``ConfigRecord`` "node" = {"partition-id": int}.
 * ``train`` (server -> the node of each sampled client, group id = round):
-  "arrays" ``ArrayRecord``: the global parameters in the codec's dtype (fp16 travels as fp16; bf16, which
-  numpy lacks, as raw little-endian bytes with stype "torch.raw");
-  "config" ``ConfigRecord``: round, client-id, seed, codec, timeout-s, experiment (the config's YAML, so
-  nodes cannot drift from the server), and ``settings.<field>`` for every ``LocalSettings`` field.
-  A key that is absent stands for None.
-* reply: "arrays" (the client's update, codec dtype), "metrics" ``MetricRecord`` (num-examples and the
-  training metrics: train_loss, steps, examples), "config" {"client-id"}; or a Flower error reply whose
-  reason reads like the simulator's failure reasons ("timeout: ...", "non-finite update: ...").
+  "arrays" ``ArrayRecord``: the global parameters as the codec encoded them, in its dtype (fp16 travels as
+  fp16, int8 as int8; bf16, which numpy lacks, as raw little-endian bytes with stype "torch.raw");
+  "meta" ``ArrayRecord``: the codec's metadata, by parameter name (int8: its fp32 scales; empty otherwise);
+  "config" ``ConfigRecord``: round, client-id, seed, codec, codec-block-size (int8's block size; absent:
+  one scale per tensor), timeout-s, frozen (the parameters this client freezes this round, FFDAPT),
+  experiment (the config's YAML, so nodes cannot drift from the server), and ``settings.<field>`` for every
+  ``LocalSettings`` field. A key that is absent stands for None.
+* reply: "arrays" and "meta" (the client's update exactly as ``fit_client`` encoded it, not re-encoded;
+  without the frozen parameters),
+  "metrics" ``MetricRecord`` (num-examples and the training metrics: train_loss, steps, examples), "config"
+  {"client-id"}; or a Flower error reply whose reason reads like the simulator's failure reasons
+  ("timeout: ...", "non-finite update: ...").
 
-Upload bytes are ``ArrayRecord.count_bytes()`` of the reply: serialized arrays plus their names.
+Upload bytes are ``ArrayRecord.count_bytes()`` of the reply's "arrays" plus "meta" (serialized arrays plus
+their names); the upload's metadata bytes are those of "meta".
 
 Deploy across machines (checked on one machine with flwr 1.41; every machine needs fedlm installed and
-the data, the server too, for evaluation). Protocols that keep parameters on the clients (isolated) are
-refused: run those in simulation.
+the data, the server too, for evaluation). Protocols that keep parameters on the clients (isolated,
+sharing.critical_layer < L) are refused: the server evaluates each client's model, so run those in simulation.
 
     # server machine S: the SuperLink (one HTTP API for SuperNodes and for `flwr`)
     flower-superlink --insecure --host 0.0.0.0 --port 8000 --disable-runtime-dependency-installation
@@ -78,7 +83,7 @@ from fedlm.config import dump_config, read_yaml, validate
 from fedlm.errors import UserError
 from fedlm.experiment import Prepared, num_clients_of, prepare, run_single, slug
 from fedlm.federation.client import ClientTimeout, LocalSettings
-from fedlm.federation.codecs import CastCodec, Encoded, get_codec
+from fedlm.federation.codecs import Codec, Encoded, get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors, all_finite, nbytes
 from fedlm.federation.strategies import ClientUpdate
@@ -126,34 +131,50 @@ def config_sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def job_content(job: ClientJob, experiment: str) -> RecordDict:
-    """A ClientJob as message content; None values are left out (absent = None)."""
+def encoded_from_records(arrays: ArrayRecord, meta: ArrayRecord, codec: str) -> Encoded:
+    """What a codec encoded, rebuilt from its two records, with its bytes counted as the codec counts them."""
+    tensors, scales = from_array_record(arrays), from_array_record(meta)
+    return Encoded(tensors, codec, nbytes(tensors), nbytes(scales), scales)
+
+
+def job_content(job: ClientJob, experiment: str, block_size: int | None = None) -> RecordDict:
+    """A ClientJob as message content; None values are left out (absent = None).
+
+    ``block_size`` is the codec's (``job.params`` does not say it), so the node can rebuild the codec.
+    """
     values: dict[str, Any] = {
         "round": job.round_idx, "client-id": job.client_id, "seed": job.seed, "codec": job.params.codec,
-        "timeout-s": job.timeout_s, "experiment": experiment,
+        "codec-block-size": block_size, "timeout-s": job.timeout_s, "experiment": experiment,
+        "frozen": list(job.frozen) or None,
         **{f"settings.{name}": value for name, value in asdict(job.settings).items()},
     }
     config = ConfigRecord({k: v for k, v in values.items() if v is not None})
-    return RecordDict({"arrays": to_array_record(job.params.tensors), "config": config})
+    return RecordDict({"arrays": to_array_record(job.params.tensors), "meta": to_array_record(job.params.meta),
+                       "config": config})
 
 
 def job_from_content(content: RecordDict) -> tuple[ClientJob, str]:
     """The ClientJob (params still encoded) and the experiment YAML a train message carries."""
     config = content["config"]
-    tensors = from_array_record(content["arrays"])
     settings = LocalSettings(**{f.name: config.get(f"settings.{f.name}") for f in fields(LocalSettings)})
-    params = Encoded(tensors, str(config["codec"]), nbytes(tensors))
+    params = encoded_from_records(content["arrays"], content["meta"], str(config["codec"]))
     job = ClientJob(int(config["client-id"]), int(config["round"]), params, settings, int(config["seed"]),
-                    config.get("timeout-s"))
+                    config.get("timeout-s"), tuple(config.get("frozen", [])))
     return job, str(config["experiment"])
 
 
-def report_content(report: ClientReport, codec: CastCodec) -> RecordDict:
-    """Re-encoding the decoded update is exact for cast codecs: these are the bytes fit_client encoded."""
+def codec_from_content(content: RecordDict) -> Codec:
+    """The codec a train message was encoded with: the node decodes and encodes with the server's codec."""
+    config = content["config"]
+    return get_codec(str(config["codec"]), config.get("codec-block-size"))
+
+
+def report_content(report: ClientReport, upload: Encoded) -> RecordDict:
+    """The reply to a train message; ``upload`` is the update as encoded (``report.update`` holds it decoded)."""
     update = report.update
     metrics = MetricRecord({"num-examples": update.num_examples, **update.metrics})
-    return RecordDict({"arrays": to_array_record(codec.encode(update.params).tensors), "metrics": metrics,
-                       "config": ConfigRecord({"client-id": update.client_id})})
+    return RecordDict({"arrays": to_array_record(upload.tensors), "meta": to_array_record(upload.meta),
+                       "metrics": metrics, "config": ConfigRecord({"client-id": update.client_id})})
 
 
 def failure_reason(exc: Exception) -> str:
@@ -216,7 +237,7 @@ class FlowerExecutor:
     the in-process simulator's.
     """
 
-    def __init__(self, grid: Grid, node_ids_by_client: dict[int, int], codec: CastCodec, experiment: str,
+    def __init__(self, grid: Grid, node_ids_by_client: dict[int, int], codec: Codec, experiment: str,
                  timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S,
                  progress: Callable[[int], None] | None = None) -> None:
         self.grid = grid
@@ -231,7 +252,7 @@ class FlowerExecutor:
             job.client_id: ClientFailure(job.client_id, f"no Flower node serves client {job.client_id}")
             for job in jobs if job.client_id not in self.nodes}
         by_node = {self.nodes[job.client_id]: job for job in jobs if job.client_id in self.nodes}
-        messages = [Message(job_content(job, self.experiment), dst_node_id=node,
+        messages = [Message(job_content(job, self.experiment, self.codec.block_size), dst_node_id=node,
                             message_type=MessageType.TRAIN, ttl=self.timeout_s, group_id=str(job.round_idx))
                     for node, job in by_node.items()]
         replies = self.grid.send_and_receive(messages, timeout=self.timeout_s) if messages else []
@@ -261,30 +282,38 @@ class FlowerExecutor:
     def _report(self, job: ClientJob, content: RecordDict) -> ClientReport:
         if int(content["config"]["client-id"]) != job.client_id:
             raise ValueError(f"reply is from client {content['config']['client-id']}, not {job.client_id}")
-        record = content["arrays"]
-        received = from_array_record(record)
-        sent = job.params.tensors
-        if set(received) != set(sent):
-            raise ValueError(f"parameter names differ from those sent ({len(received)} vs {len(sent)})")
-        for name, value in received.items():
-            if value.shape != sent[name].shape or value.dtype != sent[name].dtype:
-                raise ValueError(f"{name}: got {value.dtype}{tuple(value.shape)}, "
-                                 f"expected {sent[name].dtype}{tuple(sent[name].shape)}")
-        params = self.codec.decode(Encoded({n: received[n] for n in sent}, self.codec.name, nbytes(received)))
+        arrays, meta = content["arrays"], content["meta"]
+        received = encoded_from_records(arrays, meta, self.codec.name)
+        skip = set(job.frozen)  # frozen this round: trained by nobody here, so not sent back
+        _check_like(received.tensors, {n: t for n, t in job.params.tensors.items() if n not in skip}, "parameter")
+        _check_like(received.meta, {n: t for n, t in job.params.meta.items() if n not in skip}, "metadata")
+        params = self.codec.decode(received)
         bad = all_finite(params)
         if bad is not None:
             raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
         metrics = content["metrics"]
         extra = {k: float(v) for k, v in metrics.items() if k != "num-examples"}
-        update = ClientUpdate(job.client_id, int(metrics["num-examples"]), params, extra)
-        return ClientReport(update, record.count_bytes())
+        in_sent_order = {n: params[n] for n in job.params.tensors if n not in skip}
+        update = ClientUpdate(job.client_id, int(metrics["num-examples"]), in_sent_order, extra)
+        meta_bytes = meta.count_bytes()
+        return ClientReport(update, arrays.count_bytes() + meta_bytes, upload_meta_bytes=meta_bytes)
+
+
+def _check_like(received: NamedTensors, sent: NamedTensors, what: str) -> None:
+    """An update is encoded like the parameters it answers: same names, shapes and dtypes."""
+    if set(received) != set(sent):
+        raise ValueError(f"{what} names differ from those sent ({len(received)} vs {len(sent)})")
+    for name, value in received.items():
+        if value.shape != sent[name].shape or value.dtype != sent[name].dtype:
+            raise ValueError(f"{name}: got {value.dtype}{tuple(value.shape)}, "
+                             f"expected {sent[name].dtype}{tuple(sent[name].shape)}")
 
 
 def flower_executor_factory(grid: Grid, node_ids_by_client: dict[int, int], experiment: str,
                             timeout_s: float | None) -> Callable[..., FlowerExecutor]:
     """An ``executor_factory`` for ``run_single``: same signature as ``InProcessExecutor``'s constructor."""
 
-    def factory(model: Any, task: Any, client_rows: Any, codec: CastCodec, store: Any, local_names: list[str],
+    def factory(model: Any, task: Any, client_rows: Any, codec: Codec, store: Any, local_names: list[str],
                 progress: Callable[[int], None] | None = None) -> FlowerExecutor:
         del model, task, client_rows, store  # they live on the nodes
         if local_names:
@@ -370,11 +399,31 @@ class ClientRuntime:
         own = partition_id(context)
         if job.client_id != own:
             raise UserError(f"job for client {job.client_id} reached the node of client {own}")
-        codec = get_codec(job.params.codec)
+        codec = KeepUpload(codec_from_content(content))
         with self.lock:
             prep = self.prepared(experiment, self.data_dir_of(context))
             report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [])
-        return report_content(report, codec)
+        if codec.upload is None:
+            raise RuntimeError("fit_client encoded no upload")
+        return report_content(report, codec.upload)
+
+
+class KeepUpload:
+    """A codec that remembers what it last encoded: fit_client's one encode is the upload, which the reply
+    then carries as encoded (decoding and re-encoding int8 can move a scale by an ulp)."""
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.name = codec.name
+        self.block_size = codec.block_size
+        self.upload: Encoded | None = None
+
+    def encode(self, tensors: NamedTensors) -> Encoded:
+        self.upload = self.codec.encode(tensors)
+        return self.upload
+
+    def decode(self, encoded: Encoded) -> NamedTensors:
+        return self.codec.decode(encoded)
 
 
 def partition_id(context: Context) -> int:

@@ -42,14 +42,17 @@ def all_finite(tensors: NamedTensors) -> str | None:
 
 
 def weighted_mean(items: list[tuple[NamedTensors, float]]) -> NamedTensors:
-    """Sum_i w_i x_i / sum_i w_i in fp32, accumulated in place (no per-client temporaries)."""
-    total = float(sum(w for _, w in items))
-    if not math.isfinite(total) or total <= 0:
-        raise ValueError("weighted_mean needs positive total weight")
+    """Per name, sum_i w_i x_i / sum_i w_i over the items holding that name, in fp32, accumulated in place
+    (no per-client temporaries). Items may hold different names (e.g. clients that froze different blocks)."""
+    names = list(dict.fromkeys(name for tensors, _ in items for name in tensors))
     out: NamedTensors = {}
-    for name in items[0][0]:
-        acc = torch.zeros_like(items[0][0][name], dtype=torch.float32)
-        for tensors, weight in items:
-            acc.add_(tensors[name], alpha=weight / total)
+    for name in names:
+        holders = [(tensors[name], weight) for tensors, weight in items if name in tensors]
+        total = float(sum(w for _, w in holders))
+        if not math.isfinite(total) or total <= 0:
+            raise ValueError(f"weighted_mean needs positive total weight (tensor {name})")
+        acc = torch.zeros_like(holders[0][0], dtype=torch.float32)
+        for value, weight in holders:
+            acc.add_(value, alpha=weight / total)
         out[name] = acc
     return out

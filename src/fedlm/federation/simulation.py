@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from fedlm.federation.client import ClientTimeout
-from fedlm.federation.codecs import CastCodec
+from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
-from fedlm.federation.params import NamedTensors
+from fedlm.federation.params import NamedTensors, nbytes
 from fedlm.federation.worker import NonFiniteUpdate, fit_client
 
 log = logging.getLogger("fedlm")
@@ -21,14 +21,15 @@ FitFn = Callable[..., tuple[ClientReport, NamedTensors]]
 
 
 class ClientStore:
-    """Each client's local (never-sent) parameters, committed to disk only at checkpoints.
+    """Each client's local (never-sent) parameters, in memory, committed to one file at checkpoints.
 
-    Writes during a round stay pending until ``save`` so that a run resumed from round k sees exactly the
+    Writes during a round stay pending until ``commit`` so that a run resumed from round k sees exactly the
     local states of round k, even if it was interrupted halfway through round k+1.
     """
 
-    def __init__(self, initial: NamedTensors) -> None:
+    def __init__(self, initial: NamedTensors, path: Path) -> None:
         self.initial = initial
+        self.path = path
         self.states: dict[int, NamedTensors] = {}
 
     def get(self, client_id: int) -> NamedTensors:
@@ -38,21 +39,67 @@ class ClientStore:
         if state:
             self.states[client_id] = state
 
-    def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
+    def commit(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
         torch.save(self.states, tmp)
-        tmp.replace(path)
+        tmp.replace(self.path)
 
-    def load(self, path: Path) -> None:
-        if path.is_file():
-            self.states = torch.load(path, weights_only=True)
+    def restore(self) -> None:
+        if self.path.is_file():
+            self.states = torch.load(self.path, weights_only=True)
+
+
+class DiskClientStore(ClientStore):
+    """The same contract with one file per client, for populations whose local parts do not fit in memory.
+
+    A round's writes go to ``pending/``; ``commit`` moves them into ``committed/``, ``restore`` discards
+    whatever an interrupted round left pending. Only the clients touched in a round are ever in memory.
+    """
+
+    def __init__(self, initial: NamedTensors, directory: Path) -> None:
+        super().__init__(initial, directory)
+        self.pending = directory / "pending"
+        self.committed = directory / "committed"
+        self.pending.mkdir(parents=True, exist_ok=True)
+        self.committed.mkdir(parents=True, exist_ok=True)
+
+    def get(self, client_id: int) -> NamedTensors:
+        for folder in (self.pending, self.committed):
+            path = folder / f"{client_id}.pt"
+            if path.is_file():
+                return torch.load(path, weights_only=True)
+        return self.initial
+
+    def put(self, client_id: int, state: NamedTensors) -> None:
+        if state:
+            tmp = self.pending / f"{client_id}.tmp"
+            torch.save(state, tmp)
+            tmp.replace(self.pending / f"{client_id}.pt")
+
+    def commit(self) -> None:
+        for path in self.pending.glob("*.pt"):
+            path.replace(self.committed / path.name)
+
+    def restore(self) -> None:
+        for path in self.pending.glob("*"):
+            path.unlink()
+
+
+def make_client_store(initial: NamedTensors, num_clients: int, where: str, memory_path: Path, disk_dir: Path,
+                      memory_budget: int = 2 * 1024**3) -> ClientStore:
+    """Memory while every client's local part fits in ``memory_budget`` bytes (or if asked), disk otherwise."""
+    needed = nbytes(initial) * num_clients
+    if where == "disk" or (where == "auto" and needed > memory_budget):
+        log.info("client local states on disk (%d clients x %.1f MB)", num_clients, nbytes(initial) / 1e6)
+        return DiskClientStore(initial, disk_dir)
+    return ClientStore(initial, memory_path)
 
 
 class InProcessExecutor:
     """Runs the sampled clients one after another in this process, catching each client's failure."""
 
     def __init__(self, model: torch.nn.Module, task: Any, client_rows: dict[int, Sequence[dict]],
-                 codec: CastCodec, store: ClientStore, local_names: list[str],
+                 codec: Codec, store: ClientStore, local_names: list[str],
                  fit_fn: FitFn = fit_client, progress: Callable[[int], None] | None = None) -> None:
         self.model = model
         self.task = task

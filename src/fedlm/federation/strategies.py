@@ -43,7 +43,11 @@ class FedAvg:
         return {}
 
     def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
-        return weighted_mean([(u.params, float(u.num_examples)) for u in updates])
+        """Each tensor averaged over the clients that sent it (a client that froze it this round did not);
+        a tensor nobody sent keeps its current value."""
+        merged = dict(current)
+        merged.update(weighted_mean([(u.params, float(u.num_examples)) for u in updates]))
+        return merged
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -85,8 +89,10 @@ class FedOpt(FedAvg):
         self.v: NamedTensors = {}
 
     def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
+        sent = {name for u in updates for name in u.params}
         averaged = super().aggregate(current, updates)
-        return {name: self._step(name, current[name], averaged[name] - current[name]) for name in current}
+        return {name: self._step(name, current[name], averaged[name] - current[name]) if name in sent
+                else current[name] for name in current}
 
     def _step(self, name: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         if self.optimizer == "sgdm":

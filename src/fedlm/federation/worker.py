@@ -1,20 +1,22 @@
 """A client's side of one round, shared by the in-process simulator and the Flower ClientApp.
 
-decode what the server sent -> put the client's own local parameters back -> train -> refuse a non-finite
-update -> encode the global part for upload; the local part stays with the client.
+decode what the server sent -> put the client's own local parameters back -> freeze this round's frozen
+parameters -> train -> refuse a non-finite update -> encode the trained global part for upload; the local
+part stays with the client and frozen parameters are not sent back.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from fedlm.federation.client import train_locally
-from fedlm.federation.codecs import CastCodec
+from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors, all_finite, load_into, snapshot
 from fedlm.federation.strategies import ClientUpdate
@@ -24,7 +26,21 @@ class NonFiniteUpdate(RuntimeError):
     """A client's training produced NaN or Inf: its update must not reach the aggregate."""
 
 
-def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: ClientJob, codec: CastCodec,
+@contextmanager
+def frozen(model: torch.nn.Module, names: Sequence[str]) -> Iterator[None]:
+    """Turn off gradients for ``names`` while training (no weight-gradient compute, no optimizer state)."""
+    params = dict(model.named_parameters())
+    touched = [params[n] for n in names if params[n].requires_grad]
+    for p in touched:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in touched:
+            p.requires_grad_(True)
+
+
+def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: ClientJob, codec: Codec,
                local_state: NamedTensors | None, local_names: list[str]) -> tuple[ClientReport, NamedTensors]:
     """Run one client's round; returns what it uploads and its new local state."""
     received = codec.decode(job.params)
@@ -32,14 +48,17 @@ def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: Cli
     if local_state:
         load_into(model, local_state)
     deadline = time.monotonic() + job.timeout_s if job.timeout_s else None
-    anchor = received if job.settings.mu > 0 else None
-    metrics = train_locally(model, task, rows, job.settings, seed=job.seed, anchor=anchor, deadline=deadline)
+    skip = set(job.frozen)
+    trained = [n for n in received if n not in skip]
+    anchor = {n: received[n] for n in trained} if job.settings.mu > 0 else None
+    with frozen(model, job.frozen):
+        metrics = train_locally(model, task, rows, job.settings, seed=job.seed, anchor=anchor, deadline=deadline)
     if not math.isfinite(metrics["train_loss"]):
         raise NonFiniteUpdate(f"train loss is {metrics['train_loss']}")
-    shared = snapshot(model, list(received))
+    shared = snapshot(model, trained)
     bad = all_finite(shared)
     if bad is not None:
         raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
     encoded = codec.encode(shared)
     update = ClientUpdate(job.client_id, len(rows), codec.decode(encoded), metrics)
-    return ClientReport(update, encoded.total_bytes), snapshot(model, local_names)
+    return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), snapshot(model, local_names)
