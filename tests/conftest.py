@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -53,3 +54,12 @@ def tiny_config(tmp_path: Path, source: Path, **protocol) -> dict:
         "protocol": {"kind": "fedavg", "rounds": 2, **protocol},
         "eval": {"batch_size": 32},
     }
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread avoids oversubscription stalls on a shared CPU (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -44,13 +44,7 @@ def _lm(family: str) -> str:
 CASES = [(family, task) for family in FAMILIES for task in (_lm(family), "classification")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: one thread avoids oversubscription stalls on a shared CPU (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,8 @@ def _config_value(run_dir: Path, dotted: str) -> str:
     return section_label(node) if isinstance(node, dict) else str(node)
 
 
-def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | None = None) -> str:
+def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | None = None,
+                headline: str | None = None) -> str:
     """A comparison table of finished runs (or a rows x cols pivot of their final metric); redraws curves."""
     import json
 
@@ -71,8 +72,9 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
         target, direction = get_task(json.loads((run_dir / "data.json").read_text())["task"]).target_metric()
         records = read_metrics(run_dir)
         plot_run(records, target, run_dir, run_dir.name)
-        goal = yaml.safe_load((run_dir / "config.yaml").read_text()).get("eval", {}).get("target")
-        summary = summarize(records, target, direction, goal)
+        evaluation = yaml.safe_load((run_dir / "config.yaml").read_text()).get("eval", {})
+        split = headline or evaluation.get("headline", "test")
+        summary = summarize(records, target, direction, evaluation.get("target"), split)
         rows.append({"run": run_dir.name, **summary})
         if rows_key and cols_key:
             cells.append((_config_value(run_dir, rows_key), _config_value(run_dir, cols_key), summary, target))

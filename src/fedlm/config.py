@@ -119,6 +119,8 @@ class EvalConfig(_Section):
     local: bool = True
     batch_size: int = Field(64, ge=1)
     target: float | None = Field(None, description="report the bytes needed to first reach this headline score")
+    headline: Literal["test", "local"] = Field(
+        "test", description="score runs by the shared test split, or by the clients' means on their local splits")
 
 
 class ExperimentConfig(_Section):

@@ -262,7 +262,8 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients)
     records = recorder.records()
     plot_run(records, target, run_dir, f"{config.name}: {protocol.kind} on {config.data.source}")
-    row = {"run": config.name, "protocol": protocol.kind, **summarize(records, target, direction, config.eval.target)}
+    row = {"run": config.name, "protocol": protocol.kind, **summarize(records, target, direction, config.eval.target,
+                                                                      config.eval.headline)}
     row.update(run_downstream(config, data_dir, run_dir, resume, policy.personalized))
     recorder.write_text("summary.md", markdown_table([row]))
     return row
@@ -360,10 +361,10 @@ def _run_grid(config: ExperimentConfig, runs: list, data_dir: Path, root: Path, 
             run_single(sub, data_dir, run_dir, resume=resume and (run_dir / "config.yaml").exists())
         records = read_metrics(run_dir)
         target, direction = get_task(_task_of(run_dir)).target_metric()
-        rows.append({"run": label, **summarize(records, target, direction, sub.eval.target),
+        rows.append({"run": label, **summarize(records, target, direction, sub.eval.target, sub.eval.headline),
                      **run_downstream(sub, data_dir, run_dir, resume=True, personalized=False)})
         curves.append((label, records))
-    plot_grid(curves, target, root / "comparison.png", f"{config.name}: {target} per round")
+    plot_grid(curves, target, root / "comparison.png", f"{config.name}: {target} per round", config.eval.headline)
     table = markdown_table(rows)
     (root / "comparison.md").write_text(table)
     print(table)

@@ -23,9 +23,13 @@ def metric_series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int
     return rounds, values
 
 
-def headline_key(records: Sequence[dict[str, Any]], metric: str) -> str | None:
-    """The key holding the headline metric: the global model's test score, or the clients' mean."""
-    for key in (f"test_{metric}", f"test_{metric}_mean", f"local_{metric}_mean"):
+def headline_key(records: Sequence[dict[str, Any]], metric: str, split: str = "test") -> str | None:
+    """The key holding the headline metric: the global model's test score, or the clients' mean; with
+    split='local', the clients' mean on their own local test sets first (how personalization is judged)."""
+    order = [f"test_{metric}", f"test_{metric}_mean", f"local_{metric}_mean"]
+    if split == "local":
+        order.insert(0, order.pop())
+    for key in order:
         if any(key in r for r in records):
             return key
     return None
@@ -75,14 +79,15 @@ def _cumulative_mb(values: list[float]) -> list[float]:
     return out
 
 
-def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str, path: Path, title: str) -> Path:
+def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str, path: Path, title: str,
+              split: str = "test") -> Path:
     """Overlaid learning curves of every run in a grid."""
     legend_rows = (len(runs) + 1) // 2
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2 + 0.2 * legend_rows))
     colors = plt.cm.tab20.colors if len(runs) > 10 else plt.cm.tab10.colors
     for i, (label, records) in enumerate(runs):
         color = colors[i % len(colors)]
-        key = headline_key(records, metric)
+        key = headline_key(records, metric, split)
         if key:
             axes[0].plot(*metric_series(records, key), marker="o", ms=3, label=label, color=color)
         axes[1].plot(*metric_series(records, "train_loss"), label=label, color=color)
@@ -100,10 +105,10 @@ def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str,
 
 
 def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
-              goal: float | None = None) -> dict[str, Any]:
+              goal: float | None = None, split: str = "test") -> dict[str, Any]:
     """Final and best headline metric, rounds, bytes and time of one run (and, given a goal score, the
     round and the bytes both ways it took to first reach it, FedSplitBERT Table VI's communication cost)."""
-    key = headline_key(records, metric)
+    key = headline_key(records, metric, split)
     rounds, values = metric_series(records, key) if key else ([], [])
     start = values[0] if rounds and rounds[0] == 0 else math.nan
     trained = (values[1:] if rounds and rounds[0] == 0 else values) or values  # rounds: 0 -> the start itself

@@ -1,0 +1,328 @@
+"""The trunk over gRPC: one bidirectional stream per client session, no protoc codegen.
+
+The service is ``fedlm.Trunk/Session`` (stream of request bytes -> stream of response bytes). Each message
+is an *envelope*::
+
+    uint32 little-endian   n = length of the envelope header
+    n bytes                header: compact UTF-8 JSON {"kind", "step", "client_id"} (+ "error" on errors)
+    rest                   a :mod:`fedlm.split.wire` payload (empty in an error answer)
+
+Requests are ``forward`` or ``backward``; each is answered in order by the same kind or by ``error`` with
+the reason, and the session stays open. The envelope costs ``4 + len(header JSON)`` bytes per message on
+top of the wire payload (51 for a forward of step 0 by client ``alice``; it grows with the step's digits
+and the client id); the transports' ``bytes_sent``/``bytes_received`` count wire payloads only, so gRPC's
+equal :class:`~fedlm.split.transport.InProcessTransport`'s. (TLS and HTTP/2 framing are not counted either.)
+
+Authentication: the client id and token travel as call metadata (``fedlm-client-id``, ``fedlm-token``)
+and are checked before any message is read; TLS (optionally mutual) protects them in transit.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import queue
+import struct
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import yaml
+
+from fedlm.errors import UserError
+from fedlm.split import wire
+from fedlm.split.transport import (
+    TO_CLIENT,
+    MessageHook,
+    RejectedMessage,
+    TransportError,
+    TrunkBackend,
+    _ClientSide,
+    handle_request,
+)
+
+__all__ = [
+    "SESSION_METHOD",
+    "GrpcTransport",
+    "TrunkServer",
+    "load_tokens",
+    "pack_envelope",
+    "serve_trunk",
+    "unpack_envelope",
+]
+
+log = logging.getLogger("fedlm")
+
+SERVICE = "fedlm.Trunk"
+SESSION_METHOD = f"/{SERVICE}/Session"
+CLIENT_ID_KEY, TOKEN_KEY = "fedlm-client-id", "fedlm-token"
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
+_PREFIX = struct.Struct("<I")
+_MAX_HEADER = 4096
+
+
+def pack_envelope(kind: str, step: int, client_id: str, payload: bytes = b"", error: str | None = None) -> bytes:
+    header = {"kind": kind, "step": step, "client_id": client_id}
+    if error is not None:
+        header["error"] = error
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return _PREFIX.pack(len(raw)) + raw + payload
+
+
+def unpack_envelope(message: bytes) -> tuple[dict, bytes]:
+    """(header, wire payload); :class:`~fedlm.split.wire.WireError` if the envelope is malformed."""
+    if len(message) < _PREFIX.size:
+        raise wire.WireError(f"envelope of {len(message)} bytes is shorter than its length prefix")
+    (n,) = _PREFIX.unpack_from(message)
+    if n > _MAX_HEADER or _PREFIX.size + n > len(message):
+        raise wire.WireError(f"envelope header length {n} does not fit a {len(message)}-byte message")
+    try:
+        header = json.loads(message[_PREFIX.size : _PREFIX.size + n].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise wire.WireError(f"envelope header is not JSON: {err}") from None
+    if not (
+        isinstance(header, dict)
+        and isinstance(header.get("kind"), str)
+        and isinstance(header.get("step"), int)
+        and isinstance(header.get("client_id"), str)
+    ):
+        raise wire.WireError("envelope header needs kind (str), step (int) and client_id (str)")
+    return header, message[_PREFIX.size + n :]
+
+
+# ------------------------------------------------------------------------------------------------ server
+
+
+class _TrunkService:
+    """One ``Session`` call per connected client: authenticate, then answer messages in order."""
+
+    def __init__(
+        self, backend: TrunkBackend, tokens: Mapping[str, str], stream_timeout_s: float, hook: MessageHook | None
+    ) -> None:
+        self._backend = backend
+        self._tokens = dict(tokens)
+        self._stream_timeout_s = stream_timeout_s
+        self._hook = hook
+
+    def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        client_id = self._authenticate(context)
+        if client_id is None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown client id or bad token")
+        log.info("trunk: session of client %s opened from %s", client_id, context.peer())
+        idle = self._idle_timer(context, client_id)
+        try:
+            for request in requests:
+                idle.cancel()
+                yield self._answer(client_id, request)
+                idle = self._idle_timer(context, client_id)
+        finally:
+            idle.cancel()
+            self._backend.drop(client_id)
+            log.info("trunk: session of client %s closed", client_id)
+
+    def _authenticate(self, context: grpc.ServicerContext) -> str | None:
+        """The session's client id, or None (logged with the reason; the client only learns it was refused)."""
+        metadata = dict(context.invocation_metadata())
+        client_id, token = metadata.get(CLIENT_ID_KEY), metadata.get(TOKEN_KEY)
+        expected = self._tokens.get(client_id) if isinstance(client_id, str) else None
+        if expected is not None and isinstance(token, str) and hmac.compare_digest(expected.encode(), token.encode()):
+            return client_id
+        if expected is None:
+            reason = f"unknown client id {str(client_id)[:64]!r}"
+        else:
+            reason = f"bad token for client {client_id}"
+        log.warning("trunk: refused a session from %s: %s", context.peer(), reason)
+        return None
+
+    def _idle_timer(self, context: grpc.ServicerContext, client_id: str) -> threading.Timer:
+        def expire() -> None:
+            log.warning("trunk: session of client %s idle for %ss, closed", client_id, self._stream_timeout_s)
+            context.cancel()
+
+        timer = threading.Timer(self._stream_timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _answer(self, client_id: str, request: bytes) -> bytes:
+        kind, step = "message", -1
+        try:
+            header, payload = unpack_envelope(request)
+            kind, step = header["kind"], header["step"]
+            if header["client_id"] != client_id:
+                raise RejectedMessage(f"envelope names client {header['client_id'][:64]!r} in {client_id}'s session")
+            return pack_envelope(kind, step, client_id, handle_request(self._backend, client_id, kind, step, payload,
+                                                                       self._hook))
+        except (wire.WireError, RejectedMessage) as err:
+            log.warning("trunk: rejected a %s of step %s from client %s: %s", kind, step, client_id, err)
+            reason = str(err)
+        except Exception:  # a bug, not the client's fault: keep serving, keep the trace
+            log.exception("trunk: the %s of step %s from client %s failed", kind, step, client_id)
+            reason = "internal error in the trunk server (see its log)"
+        if self._hook is not None:
+            self._hook(TO_CLIENT, client_id, "error", {})
+        return pack_envelope("error", step, client_id, error=reason)
+
+
+@dataclass(frozen=True)
+class TrunkServer:
+    """A started gRPC trunk server and the port it bound (useful with ``host:0``)."""
+
+    server: grpc.Server
+    port: int
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop serving; open sessions get ``grace`` seconds to finish."""
+        self.server.stop(grace).wait()
+
+
+def serve_trunk(
+    backend: TrunkBackend,
+    address: str,
+    *,
+    tokens: Mapping[str, str],
+    tls: tuple[bytes, bytes] | None = None,
+    client_ca_pem: bytes | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    stream_timeout_s: float = 600.0,
+    max_sessions: int = 16,
+    hook: MessageHook | None = None,
+) -> TrunkServer:
+    """Serve ``backend`` at ``address``; ``tls`` is (cert PEM, key PEM), ``client_ca_pem`` demands client
+    certificates signed by that CA. A session idle for ``stream_timeout_s`` is closed and its pending
+    forwards dropped; beyond ``max_sessions`` concurrent sessions, new ones get RESOURCE_EXHAUSTED."""
+    if not tokens:
+        raise ValueError("serve_trunk needs at least one client id -> token")
+    if client_ca_pem is not None and tls is None:
+        raise ValueError("client certificates (client_ca_pem) need TLS: pass tls=(cert_pem, key_pem)")
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=max_sessions, thread_name_prefix="fedlm-trunk"),
+        options=_size_options(max_message_bytes),
+        maximum_concurrent_rpcs=max_sessions,
+    )
+    service = _TrunkService(backend, tokens, stream_timeout_s, hook)
+    handler = grpc.stream_stream_rpc_method_handler(service.session)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}),))
+    if tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        cert, key = tls
+        credentials = grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=client_ca_pem, require_client_auth=client_ca_pem is not None
+        )
+        port = server.add_secure_port(address, credentials)
+    server.start()
+    log.info("trunk: serving at %s (port %d, %s)", address, port, _security(tls, client_ca_pem))
+    return TrunkServer(server, port)
+
+
+def _security(tls: tuple[bytes, bytes] | None, client_ca_pem: bytes | None) -> str:
+    if tls is None:
+        return "plaintext: tokens travel in clear"
+    return "mutual TLS" if client_ca_pem is not None else "TLS"
+
+
+def _size_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", max_message_bytes), ("grpc.max_receive_message_length", max_message_bytes)]
+
+
+def load_tokens(path: str | Path) -> dict[str, str]:
+    """A YAML or JSON mapping of client id -> token, as the server's ``tokens``; one-line UserError if bad."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"tokens file not found: {path}")
+    try:
+        tokens = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise UserError(f"tokens file {path} is not valid YAML/JSON: {getattr(err, 'problem', err)}") from None
+    if not isinstance(tokens, dict) or not tokens:
+        raise UserError(f"tokens file {path} must hold a non-empty mapping of client id -> token")
+    bad = [str(cid) for cid, token in tokens.items() if not isinstance(token, str) or not token]
+    if bad:
+        raise UserError(f"tokens file {path}: clients {', '.join(bad)} need a non-empty string token")
+    return {str(cid): token for cid, token in tokens.items()}
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+
+class GrpcTransport(_ClientSide):
+    """A client's session with a remote trunk: each ``forward``/``backward`` waits at most ``timeout_s``.
+
+    ``root_cert_pem`` (the server's CA) turns TLS on, ``client_cert`` (cert PEM, key PEM) adds mutual TLS;
+    without ``root_cert_pem`` the channel is plaintext, for loopback or trusted networks only. After a
+    failure (refused session, lost connection, timeout) every later call raises the same TransportError.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        client_id: str,
+        token: str,
+        *,
+        root_cert_pem: bytes | None = None,
+        client_cert: tuple[bytes, bytes] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        timeout_s: float = 60.0,
+        hook: MessageHook | None = None,
+    ) -> None:
+        super().__init__(client_id, hook)
+        self.address = address
+        self._timeout_s = timeout_s
+        options = _size_options(max_message_bytes)
+        if root_cert_pem is None:
+            if client_cert is not None:
+                raise ValueError("a client certificate needs TLS: pass root_cert_pem too")
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            cert, key = client_cert if client_cert is not None else (None, None)
+            credentials = grpc.ssl_channel_credentials(root_cert_pem, private_key=key, certificate_chain=cert)
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        self._requests: queue.Queue[bytes | None] = queue.Queue()
+        self._answers: queue.Queue[bytes | TransportError] = queue.Queue()
+        self._failure: TransportError | None = None
+        session = self._channel.stream_stream(SESSION_METHOD)
+        metadata = ((CLIENT_ID_KEY, client_id), (TOKEN_KEY, token))
+        self._stream = session(iter(self._requests.get, None), metadata=metadata)
+        self._reader = threading.Thread(target=self._read, name=f"fedlm-trunk-{client_id}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for answer in self._stream:
+                self._answers.put(answer)
+            self._answers.put(TransportError(f"trunk server at {self.address} closed the session"))
+        except grpc.RpcError as err:
+            self._answers.put(TransportError(f"trunk server at {self.address}: {err.code().name}: {err.details()}"))
+
+    def _exchange(self, kind: str, step: int, payload: bytes) -> bytes:
+        if self._failure is not None:
+            raise self._failure
+        self._requests.put(pack_envelope(kind, step, self.client_id, payload))
+        try:
+            answer = self._answers.get(timeout=self._timeout_s)
+        except queue.Empty:
+            answer = TransportError(f"no answer from the trunk server at {self.address} within {self._timeout_s}s")
+            self._stream.cancel()
+        if isinstance(answer, TransportError):
+            self._failure = answer
+            raise answer
+        try:
+            header, body = unpack_envelope(answer)
+        except wire.WireError as err:
+            raise TransportError(f"trunk server sent a malformed answer: {err}") from None
+        if header["kind"] == "error":
+            raise TransportError(f"trunk refused the {kind} of step {step}: {header.get('error')}")
+        if (header["kind"], header["step"]) != (kind, step):
+            raise TransportError(f"trunk answered {header['kind']} step {header['step']} to {kind} step {step}")
+        return body
+
+    def close(self) -> None:
+        """End the session (the server drops this client's pending forwards) and the channel."""
+        self._requests.put(None)
+        self._reader.join(timeout=min(self._timeout_s, 5.0))
+        self._channel.close()

@@ -1,0 +1,340 @@
+"""The client/server boundary of split learning: the server's trunk logic and the client's transports.
+
+One training step, as the client drives it through a :class:`Transport`::
+
+    sent = split.bottom(input_ids, attention_mask)     # client
+    top_in = transport.forward(step, sent)              # server: trunk forward
+    loss = loss_fn(split.top(top_in))                   # client
+    loss.backward()                                     # client: top grads + top_in.hidden.grad
+    grad = transport.backward(step, top_in.hidden.grad) # server: trunk backward + optimizer step
+    sent.hidden.backward(grad)                          # client: bottom grads
+
+Every message is serialised with :mod:`fedlm.split.wire`, in process too, so byte counts and validation
+are the same whichever transport carries them. The client side never holds trunk parameters; the server
+side never sees token ids or labels: a forward carries only ``hidden``, ``attention_mask`` and
+``position_ids``, a backward only ``grad``, and anything else is refused.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from fedlm.models.split import Activations
+from fedlm.split import wire
+
+__all__ = [
+    "FORWARD_NAMES",
+    "InProcessTransport",
+    "Message",
+    "MessageHook",
+    "MessageLog",
+    "RejectedMessage",
+    "Transport",
+    "TransportError",
+    "TrunkBackend",
+    "handle_request",
+]
+
+log = logging.getLogger("fedlm")
+
+FORWARD_NAMES = ("hidden", "attention_mask", "position_ids")
+TO_SERVER, TO_CLIENT = "client->server", "server->client"
+KINDS = ("forward", "backward")
+
+# (direction, client_id, kind, {name: (dtype, shape)}); direction is TO_SERVER or TO_CLIENT
+MessageHook = Callable[[str, str, str, dict[str, tuple[str, tuple[int, ...]]]], None]
+
+
+class RejectedMessage(ValueError):
+    """The server refused a message (wrong names, shapes, dtypes, values or step); the message says why."""
+
+
+class TransportError(RuntimeError):
+    """Client side: the trunk server refused a message or could not be reached; carries the server's reason."""
+
+
+class Message(NamedTuple):
+    direction: str
+    client_id: str
+    kind: str
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+
+
+class MessageLog:
+    """A :data:`MessageHook` that keeps every message it sees, so a test can check what crossed."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, direction: str, client_id: str, kind: str, tensors: dict) -> None:
+        with self._lock:
+            self.messages.append(Message(direction, client_id, kind, dict(tensors)))
+
+    def names(self, direction: str) -> set[str]:
+        """Every tensor name seen in one direction."""
+        return {name for m in self.messages if m.direction == direction for name in m.tensors}
+
+
+# ------------------------------------------------------------------------------------------------ server
+
+
+@dataclasses.dataclass
+class _Pending:
+    received: Tensor  # the trunk's input, a leaf that collects the gradient to send back
+    output: Tensor  # the trunk's output, still attached to the trunk's graph
+
+
+class TrunkBackend:
+    """The server's side of split learning, independent of any transport: the single place where trunk
+    compute happens.
+
+    It holds the trunk and its optimizer, validates what clients send, and keeps each (client, step)'s
+    forward graph until that step's backward arrives. A refused message raises :class:`RejectedMessage`
+    before anything is computed, so the trunk's weights and other clients' pending steps are untouched.
+
+    This is the *sequential* trunk mode (FedBERT's sequential FSL, SplitFed V2): one shared trunk, stepped
+    by each client's backward in turn, under a lock so concurrent clients are safe. A backward applies the
+    gradient of the weights its forward saw, so when a step changes the weights every other pending
+    forward is dropped (its backward is then refused, and the client runs that forward again); a round
+    engine in this mode lets one client at a time run forward-backward. Other trunk modes are other
+    backends with the same ``forward``/``backward`` methods, so transports and clients do not change:
+    *parallel* (FedBERT parallel FSL, SplitFed V1) keeps one trunk copy per client and averages them at
+    the round's end; *client batch* (FL-GLM) concatenates the round's forwards into one batch and steps
+    once when every client's gradient is in.
+    """
+
+    def __init__(
+        self,
+        trunk: nn.Module,
+        hidden_size: int,
+        optimizer: torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        *,
+        max_pending_per_client: int = 4,
+    ) -> None:
+        self.trunk = trunk
+        self.hidden_size = hidden_size
+        params = list(trunk.parameters())
+        if not params:
+            raise ValueError("the trunk has no parameters")
+        self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(params)
+        self.max_pending_per_client = max_pending_per_client
+        self._dtype, self._device = params[0].dtype, params[0].device
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._lock = threading.Lock()
+
+    def forward(self, client_id: str, step: int, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Run the trunk on a client's activations; keep the graph for :meth:`backward`."""
+        acts = self._check_activations(tensors)
+        with self._lock:
+            key = (client_id, _check_step(step))
+            if key in self._pending:
+                raise RejectedMessage(f"step {step} of client {client_id} already has a forward awaiting backward")
+            waiting = sum(1 for cid, _ in self._pending if cid == client_id)
+            if waiting >= self.max_pending_per_client:
+                raise RejectedMessage(
+                    f"client {client_id} already has {waiting} forwards awaiting backward (at most "
+                    f"{self.max_pending_per_client})"
+                )
+            received = Activations.from_dict({name: t.to(self._device) for name, t in acts.to_dict().items()})
+            received = received.detached()
+            output = self.trunk(received).hidden
+            self._pending[key] = _Pending(received.hidden, output)
+            return {"hidden": output.detach().cpu()}
+
+    def backward(self, client_id: str, step: int, grad: Tensor) -> dict[str, Tensor]:
+        """Backpropagate the client's gradient w.r.t. the trunk output, step the optimizer (no clipping),
+        and return the gradient w.r.t. the trunk input."""
+        with self._lock:
+            key = (client_id, _check_step(step))
+            pending = self._pending.get(key)
+            if pending is None:
+                raise RejectedMessage(
+                    f"no forward of client {client_id} step {step} awaits backward (never sent, already used, "
+                    "or dropped because the trunk stepped since; run the forward again)"
+                )
+            expected = tuple(pending.output.shape)
+            if not isinstance(grad, Tensor) or tuple(grad.shape) != expected:
+                got = tuple(grad.shape) if isinstance(grad, Tensor) else type(grad).__name__
+                raise RejectedMessage(f"grad has shape {got}, the trunk output of step {step} has {expected}")
+            if grad.dtype != pending.output.dtype:
+                raise RejectedMessage(f"grad is {grad.dtype}, the trunk output is {pending.output.dtype}")
+            _check_finite("grad", grad)
+            del self._pending[key]
+            pending.output.backward(grad.to(self._device))
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            stale = list(self._pending)
+            self._pending.clear()  # their graphs hold the weights before this step
+            if stale:
+                log.info("trunk: step of client %s dropped stale forwards %s", client_id, stale)
+            return {"grad": pending.received.grad.cpu()}
+
+    def drop(self, client_id: str) -> None:
+        """Forget a client's pending forwards (its session ended)."""
+        with self._lock:
+            for key in [key for key in self._pending if key[0] == client_id]:
+                del self._pending[key]
+
+    def _check_activations(self, tensors: Mapping[str, Tensor]) -> Activations:
+        unexpected = sorted(set(tensors) - set(FORWARD_NAMES))
+        if unexpected:
+            raise RejectedMessage(f"unexpected tensors {unexpected} in a forward (allowed: {', '.join(FORWARD_NAMES)})")
+        hidden = tensors.get("hidden")
+        if hidden is None:
+            raise RejectedMessage("a forward needs 'hidden'")
+        if hidden.dim() != 3 or hidden.shape[0] < 1 or hidden.shape[1] < 1 or hidden.shape[2] != self.hidden_size:
+            raise RejectedMessage(
+                f"hidden has shape {tuple(hidden.shape)}; expected (batch, seq, {self.hidden_size}), batch and seq >= 1"
+            )
+        if hidden.dtype != self._dtype:
+            raise RejectedMessage(f"hidden is {hidden.dtype}; this trunk computes in {self._dtype}")
+        _check_finite("hidden", hidden)
+        batch, seq = hidden.shape[:2]
+        mask = tensors.get("attention_mask")
+        if mask is not None:
+            if mask.dtype not in (torch.int64, torch.bool) or tuple(mask.shape) != (batch, seq):
+                raise RejectedMessage(
+                    f"attention_mask is {mask.dtype} {tuple(mask.shape)}; expected int64 or bool ({batch}, {seq})"
+                )
+            if not ((mask == 0) | (mask == 1)).all():
+                raise RejectedMessage("attention_mask holds values other than 0 and 1")
+        positions = tensors.get("position_ids")
+        if positions is not None:
+            if positions.dtype != torch.int64 or positions.dim() != 2 or positions.shape[0] not in (1, batch) or (
+                positions.shape[1] != seq
+            ):
+                raise RejectedMessage(
+                    f"position_ids is {positions.dtype} {tuple(positions.shape)}; expected int64 (1 or {batch}, {seq})"
+                )
+            if (positions < 0).any():
+                raise RejectedMessage("position_ids holds negative positions")
+        return Activations(hidden, mask, positions)
+
+
+def _check_step(step: int) -> int:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise RejectedMessage(f"step must be an integer >= 0, got {step!r}")
+    return step
+
+
+def _check_finite(name: str, tensor: Tensor) -> None:
+    if not tensor.is_floating_point():
+        raise RejectedMessage(f"{name} is {tensor.dtype}, not a floating-point tensor")
+    if not torch.isfinite(tensor).all():
+        raise RejectedMessage(f"{name} holds NaN or infinite values")
+
+
+def handle_request(
+    backend: TrunkBackend, client_id: str, kind: str, step: int, payload: bytes, hook: MessageHook | None = None
+) -> bytes:
+    """Server side of one message, for every transport: decode, check, run the backend, encode the answer.
+
+    Raises :class:`fedlm.split.wire.WireError` or :class:`RejectedMessage` (both ``ValueError``) with the
+    reason; nothing reaches the backend unless the payload decodes and carries the right names.
+    """
+    tensors = wire.decode(payload)
+    if hook is not None:
+        hook(TO_SERVER, client_id, kind, wire.describe(tensors))
+    if kind == "forward":
+        answer = backend.forward(client_id, step, tensors)
+    elif kind == "backward":
+        if set(tensors) != {"grad"}:
+            raise RejectedMessage(f"a backward carries only 'grad', got {sorted(tensors)}")
+        answer = backend.backward(client_id, step, tensors["grad"])
+    else:
+        raise RejectedMessage(f"unknown message kind {kind!r} (expected {' or '.join(KINDS)})")
+    if hook is not None:
+        hook(TO_CLIENT, client_id, kind, wire.describe(answer))
+    return wire.encode(answer)
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+
+class Transport(Protocol):
+    """The client's view of the trunk: send activations, get the trunk output; send its gradient, get the
+    gradient w.r.t. what was sent. ``bytes_sent``/``bytes_received`` count the exact wire payloads."""
+
+    bytes_sent: int
+    bytes_received: int
+
+    def forward(self, step: int, acts: Activations) -> Activations: ...
+
+    def backward(self, step: int, grad: Tensor) -> Tensor: ...
+
+    def close(self) -> None: ...
+
+
+class _ClientSide(abc.ABC):
+    """What both transports share: encoding, counting, hooks, and turning answers into client values."""
+
+    def __init__(self, client_id: str, hook: MessageHook | None) -> None:
+        self.client_id = client_id
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._hook = hook
+        self._lock = threading.Lock()  # one exchange at a time: answers come back in order
+
+    def forward(self, step: int, acts: Activations) -> Activations:
+        """The trunk output as a leaf needing grad, with the client's own mask and positions reattached,
+        so the client's ``loss.backward()`` leaves in ``.hidden.grad`` what :meth:`backward` sends."""
+        answer = self._call("forward", step, acts.to_dict(), expect="hidden")
+        return dataclasses.replace(acts, hidden=answer.requires_grad_(True))
+
+    def backward(self, step: int, grad: Tensor) -> Tensor:
+        """The gradient w.r.t. the hidden states the client sent at ``step``."""
+        return self._call("backward", step, {"grad": grad}, expect="grad")
+
+    def _call(self, kind: str, step: int, tensors: dict[str, Tensor], expect: str) -> Tensor:
+        payload = wire.encode(tensors)
+        with self._lock:
+            if self._hook is not None:
+                self._hook(TO_SERVER, self.client_id, kind, wire.describe(tensors))
+            self.bytes_sent += len(payload)
+            reply = self._exchange(kind, step, payload)
+            self.bytes_received += len(reply)
+            try:
+                answer = wire.decode(reply)
+            except wire.WireError as err:
+                raise TransportError(f"trunk server sent an unreadable {kind} answer: {err}") from None
+            if self._hook is not None:
+                self._hook(TO_CLIENT, self.client_id, kind, wire.describe(answer))
+        if set(answer) != {expect}:
+            raise TransportError(f"trunk server answered a {kind} with {sorted(answer)}, expected ['{expect}']")
+        return answer[expect]
+
+    @abc.abstractmethod
+    def _exchange(self, kind: str, step: int, payload: bytes) -> bytes:
+        """Deliver one request payload, return the answer payload; raise :class:`TransportError`."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class InProcessTransport(_ClientSide):
+    """Calls a :class:`TrunkBackend` in this process, through the same serialisation and checks as gRPC
+    (so simulations count the same bytes and refuse the same messages as a deployment)."""
+
+    def __init__(self, backend: TrunkBackend, client_id: str, *, hook: MessageHook | None = None) -> None:
+        super().__init__(client_id, hook)
+        self._backend = backend
+
+    def _exchange(self, kind: str, step: int, payload: bytes) -> bytes:
+        try:
+            return handle_request(self._backend, self.client_id, kind, step, payload)
+        except (wire.WireError, RejectedMessage) as err:
+            log.warning("trunk: rejected a %s of step %s from client %s: %s", kind, step, self.client_id, err)
+            raise TransportError(f"trunk refused the {kind} of step {step}: {err}") from None
+
+    def close(self) -> None:
+        """Forget this client's pending forwards on the backend."""
+        self._backend.drop(self.client_id)
