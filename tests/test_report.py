@@ -20,9 +20,22 @@ def test_pivot_fills_baseline_column_for_every_row():
     cells = [("iid", "fedavg", s, "accuracy"), ("alpha=1", "fedavg", s, "accuracy"),
              ("iid", "centralized", s, "accuracy")]
     text = pivot_table(cells)
-    assert "starting point (round 0) accuracy: 0.2500" in text
     rows = [ln for ln in text.splitlines() if ln.startswith("| alpha=1")]
-    assert rows == ["| alpha=1 | 0.4000 (0.5000) | 0.4000 (0.5000) |"]
+    assert rows == ["| alpha=1 | 0.2500 | 0.4000 (0.5000) | 0.4000 (0.5000) |"]
+
+
+def test_pivot_reports_bytes_and_rounds_to_reach_the_target():
+    records = [{"round": 0, "test_accuracy": 0.2, "bytes_up": 0, "bytes_down": 0},
+               {"round": 1, "test_accuracy": 0.6, "bytes_up": 1e6, "bytes_down": 2e6},
+               {"round": 2, "test_accuracy": 0.8, "bytes_up": 1e6, "bytes_down": 2e6}]
+    fast = summarize(records, "accuracy", "max", goal=0.5)
+    slow = summarize(records, "accuracy", "max", goal=0.7)
+    never = summarize(records, "accuracy", "max", goal=0.9)
+    assert (fast["round to target"], fast["MB to target"]) == (1, 3.0)
+    assert (slow["round to target"], slow["MB to target"]) == (2, 6.0)
+    assert never["MB to target"] is None
+    text = pivot_table([("a", "x", fast, "accuracy"), ("a", "y", slow, "accuracy")])
+    assert "| a | 0.5000 | 3.0000 (1) | 6.0000 (2) |" in text
 
 
 def test_learning_curve_png_is_written(tmp_path):

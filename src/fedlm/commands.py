@@ -63,6 +63,7 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
 
     import yaml
 
+    from fedlm.experiment import downstream_scores
     from fedlm.recorder import read_metrics
     from fedlm.report import markdown_table, pivot_table, plot_run, summarize
     from fedlm.tasks import get_task
@@ -75,7 +76,7 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
         evaluation = yaml.safe_load((run_dir / "config.yaml").read_text()).get("eval", {})
         split = headline or evaluation.get("headline", "test")
         summary = summarize(records, target, direction, evaluation.get("target"), split)
-        rows.append({"run": run_dir.name, **summary})
+        rows.append({"run": run_dir.name, **summary, **downstream_scores(run_dir)})
         if rows_key and cols_key:
             cells.append((_config_value(run_dir, rows_key), _config_value(run_dir, cols_key), summary, target))
     text = markdown_table(rows)

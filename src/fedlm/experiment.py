@@ -285,9 +285,18 @@ def run_downstream(config: ExperimentConfig, data_dir: Path, run_dir: Path, resu
         if not (resume and _finished(sub_dir, sub.protocol.rounds)):
             log.info("%s: fine-tuning on downstream task %s", config.name, name)
             run_single(sub, data_dir, sub_dir, resume=resume and (sub_dir / "config.yaml").exists())
-        metric, direction = get_task(_task_of(sub_dir)).target_metric()
-        summary = summarize(read_metrics(sub_dir), metric, direction)
-        scores[f"{name} {metric}"] = summary[f"final {metric}"]
+        scores.update(downstream_scores(run_dir, [slug(name)]))
+    return scores
+
+
+def downstream_scores(run_dir: Path, names: list[str] | None = None) -> dict[str, Any]:
+    """Final scores of a run's finished downstream fine-tuning runs, keyed '<name> <metric>'."""
+    folder = run_dir / "downstream"
+    found = names if names is not None else sorted(p.name for p in folder.glob("*") if (p / "data.json").is_file())
+    scores: dict[str, Any] = {}
+    for name in found:
+        metric, direction = get_task(_task_of(folder / name)).target_metric()
+        scores[f"{name} {metric}"] = summarize(read_metrics(folder / name), metric, direction)[f"final {metric}"]
     return scores
 
 

@@ -125,8 +125,13 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
         "MB up": sum(r.get("bytes_up", 0) for r in records) / 1e6,
         "MB down": sum(r.get("bytes_down", 0) for r in records) / 1e6,
         "wall s": sum(r.get("wall_s", 0.0) for r in records),
+        "train s/round": _mean([r["train_s"] for r in records if r.get("round", 0) > 0 and "train_s" in r]),
         **reached,
     }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _first_reaching(records: Sequence[dict[str, Any]], key: str, direction: str, goal: float) -> dict[str, Any]:
@@ -164,20 +169,36 @@ def _fmt(value: Any) -> str:
 def pivot_table(cells: Sequence[tuple[str, str, dict[str, Any], str]]) -> str:
     """Rows x columns of 'final (best)' headline metric; a column that ran once (a baseline) fills every row.
 
-    The first line gives the starting point (round 0) of the runs, which all share the same initial model.
+    Each row starts with its starting point (round 0); where runs of a row start from different scores (e.g. a
+    centralized baseline scored on the shared test split beside clients scored on their local splits), all of
+    them are listed. Runs with an ``eval.target`` add a second table: MB (up + down) and rounds to reach it.
     """
     metric = cells[0][3]
     row_names = list(dict.fromkeys(r for r, _, _, _ in cells))
     col_names = list(dict.fromkeys(c for _, c, _, _ in cells))
     value = {(r, c): s for r, c, s, _ in cells}
     single = {c for c in col_names if sum(1 for r, cc, _, _ in cells if cc == c) == 1}
-    starts = [s[f"start {metric}"] for _, _, s, _ in cells if isinstance(s.get(f"start {metric}"), float)]
-    lines = [f"starting point (round 0) {metric}: " + (_fmt(starts[0]) if starts else "-"), "",
-             f"| {metric}: final (best) | " + " | ".join(col_names) + " |", "|---|" + "---|" * len(col_names)]
+
+    def cell(r: str, c: str) -> dict[str, Any] | None:
+        return value.get((r, c)) or next((v for (_, cc), v in value.items() if cc == c and c in single), None)
+
+    def starts(r: str) -> str:
+        found = [cell(r, c).get(f"start {metric}") for c in col_names if cell(r, c)]
+        unique = list(dict.fromkeys(_fmt(v) for v in found if isinstance(v, float)))
+        return " / ".join(unique) or "-"
+
+    lines = [f"| {metric}: final (best) | start (round 0) | " + " | ".join(col_names) + " |",
+             "|---|---|" + "---|" * len(col_names)]
     for r in row_names:
-        out = []
-        for c in col_names:
-            s = value.get((r, c)) or next((v for (rr, cc), v in value.items() if cc == c and c in single), None)
-            out.append(f"{_fmt(s[f'final {metric}'])} ({_fmt(s[f'best {metric}'])})" if s else "-")
-        lines.append(f"| {r} | " + " | ".join(out) + " |")
+        out = [f"{_fmt(s[f'final {metric}'])} ({_fmt(s[f'best {metric}'])})" if (s := cell(r, c)) else "-"
+               for c in col_names]
+        lines.append(f"| {r} | {starts(r)} | " + " | ".join(out) + " |")
+    if any("MB to target" in s for s in value.values()):
+        lines += ["", "| MB to target (round) | target | " + " | ".join(col_names) + " |",
+                  "|---|---|" + "---|" * len(col_names)]
+        for r in row_names:
+            goals = [s.get("target") for c in col_names if (s := cell(r, c))]
+            out = [f"{_fmt(s.get('MB to target'))} ({_fmt(s.get('round to target'))})" if (s := cell(r, c)) else "-"
+                   for c in col_names]
+            lines.append(f"| {r} | {_fmt(next((g for g in goals if g is not None), None))} | " + " | ".join(out) + " |")
     return "\n".join(lines) + "\n"
