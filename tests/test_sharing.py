@@ -4,12 +4,11 @@ rotating window, partial aggregation, local state that persists (in memory or on
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fedlm.config import validate
+from fedlm.config import SharingConfig, validate
 from fedlm.errors import UserError
 from fedlm.experiment import run_single
 from fedlm.federation.client import LocalSettings
@@ -28,8 +27,8 @@ TASKS = {"bert": "classification", "roberta": "mlm", "distilbert": "classificati
          "llama": "classification"}
 
 
-def _sharing(**kw) -> SimpleNamespace:
-    return SimpleNamespace(**({"critical_layer": None, "local": [], "frozen": [], "freeze_window": None} | kw))
+def _sharing(**kw) -> SharingConfig:
+    return SharingConfig(**kw)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from fedlm.config import SharingConfig
 from fedlm.errors import UserError
 
 _BLOCK = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
@@ -126,15 +127,15 @@ class SharingPolicy:
         return tuple(n for n in self.global_names + self.local_names if layer_of(n) in blocks)
 
 
-def build_policy(sharing: object, protocol_kind: str, names: Sequence[str],
+def build_policy(sharing: SharingConfig, protocol_kind: str, names: Sequence[str],
                  client_sizes: dict[int, int]) -> SharingPolicy:
     """Resolve the config's ``sharing`` section against the model's trainable parameter names."""
     blocks = num_blocks(names)
     frozen: list[str] = []
-    for selector in getattr(sharing, "frozen", []):
+    for selector in sharing.frozen:
         frozen.extend(n for n in select(selector, names, "sharing.frozen") if n not in frozen)
     trainable = [n for n in names if n not in frozen]
-    critical = getattr(sharing, "critical_layer", None)
+    critical = sharing.critical_layer
     if critical is not None and not 0 <= critical <= blocks:
         raise UserError(f"sharing.critical_layer = {critical}: this model has {blocks} blocks (use 0..{blocks})")
     if protocol_kind == "isolated":
@@ -148,12 +149,12 @@ def build_policy(sharing: object, protocol_kind: str, names: Sequence[str],
     else:
         global_names = [n for n in trainable if layer_of(n) == EMBEDDINGS
                         or (isinstance(layer_of(n), int) and layer_of(n) < critical)]
-    for selector in getattr(sharing, "local", []):
+    for selector in sharing.local:
         picked = set(select(selector, names, "sharing.local"))
         global_names = [n for n in global_names if n not in picked]
     local_names = [n for n in trainable if n not in global_names]
     window = None
-    spec = getattr(sharing, "freeze_window", None)
+    spec = sharing.freeze_window
     if spec is not None and protocol_kind != "centralized":
         window = FreezeWindow(spec.epsilon, spec.gamma, blocks, dict(client_sizes))
     return SharingPolicy(global_names, local_names, frozen, window)
