@@ -218,3 +218,12 @@ def test_ffdapt_run_freezes_a_window_per_client_and_uploads_less(tmp_path, tiny_
     assert sharing["freeze_window"]["blocks_frozen_per_client"] == {"0": 1, "1": 1, "2": 1}
     assert frozen[1]["bytes_down"] == plain[1]["bytes_down"]
     assert frozen[1]["bytes_up"] < plain[1]["bytes_up"]
+
+
+def test_downstream_on_a_personalized_run_is_refused_before_any_training(tmp_path, tiny_csv):
+    raw = tiny_config(tmp_path, tiny_csv)
+    raw["sharing"] = {"critical_layer": 1}
+    raw["downstream"] = {"again": {"data.source": str(tiny_csv)}}
+    with pytest.raises(UserError, match="downstream fine-tuning needs one global model"):
+        run_single(validate(raw), tiny_csv, tmp_path / "refused")
+    assert not (tmp_path / "refused" / "metrics.jsonl").exists()

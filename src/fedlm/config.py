@@ -238,13 +238,13 @@ def is_named_axis(key: str) -> bool:
     return "." not in key and key not in ExperimentConfig.model_fields
 
 
-def _axis_value(key: str, value: Any) -> tuple[dict[str, Any], str]:
-    """(overrides, label) of one value of a named axis."""
+def _axis_value(where: str, value: Any) -> tuple[dict[str, Any], str]:
+    """(overrides, label) of one value of a named axis (``where`` = 'grid.<axis>') or of a baseline."""
     if not isinstance(value, dict):
-        raise UserError(f"config error: grid.{key} is a named axis (not a config key), so each value must be a "
+        raise UserError(f"config error: {where} is a named axis (not a config key), so each value must be a "
                         f"mapping of dotted overrides, got {value!r}")
     if not isinstance(value.get("label", ""), str | int | float):
-        raise UserError(f"config error: grid.{key}: label must be a string, got {value['label']!r}")
+        raise UserError(f"config error: {where}: label must be a string, got {value['label']!r}")
     overrides = {k: v for k, v in value.items() if k != "label"}
     return overrides, str(value.get("label", _label(overrides)))
 
@@ -268,7 +268,7 @@ def expand_grid(config: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
                 overrides.update(baseline_overrides)
                 labels.append(baseline_label)
             elif is_named_axis(key):
-                axis_overrides, axis_label = _axis_value(key, value)
+                axis_overrides, axis_label = _axis_value(f"grid.{key}", value)
                 overrides.update(axis_overrides)
                 raw.setdefault("tags", {})[key] = axis_label
                 labels.append(f"{key}={axis_label}")

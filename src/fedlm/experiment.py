@@ -200,14 +200,17 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     protocol = config.protocol
     n_clients = num_clients_of(config)
     policy = sharing_policy(prep, n_clients)
+    if config.downstream and policy.personalized:  # refuse before training, not after it
+        raise UserError("downstream fine-tuning needs one global model, but this run keeps parameters on the "
+                        "clients (sharing.critical_layer / isolated); drop `downstream` or share every layer")
     recorder.write_json("sharing.json", describe_policy(policy, prep.model))
     initial = snapshot(prep.model, policy.global_names + policy.local_names)
     store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
                               recorder.client_store_path, run_dir / "client_states")
     global_params = {n: initial[n] for n in policy.global_names}
     strategy = build_strategy(protocol)
-    codec = get_codec("fp32", None) if protocol.kind == "centralized" else get_codec(protocol.codec,
-                                                                                      protocol.codec_block_size)
+    codec = get_codec("fp32") if protocol.kind == "centralized" else get_codec(protocol.codec,
+                                                                                protocol.codec_block_size)
     start = 1
     if checkpoint is not None:
         global_params = checkpoint["global"]
@@ -264,20 +267,14 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     plot_run(records, target, run_dir, f"{config.name}: {protocol.kind} on {config.data.source}")
     row = {"run": config.name, "protocol": protocol.kind, **summarize(records, target, direction, config.eval.target,
                                                                       config.eval.headline)}
-    row.update(run_downstream(config, data_dir, run_dir, resume, policy.personalized))
+    row.update(run_downstream(config, data_dir, run_dir, resume))
     recorder.write_text("summary.md", markdown_table([row]))
     return row
 
 
-def run_downstream(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume: bool,
-                   personalized: bool) -> dict[str, Any]:
-    """Fine-tune the saved model on each downstream task (FDAPT / FedBERT evaluate pre-training this way);
-    returns each task's final score, keyed '<name> <metric>'."""
-    if not config.downstream:
-        return {}
-    if personalized:
-        raise UserError("downstream fine-tuning needs one global model, but this run keeps parameters on the "
-                        "clients (sharing.critical_layer / isolated); drop `downstream` or share every layer")
+def run_downstream(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume: bool) -> dict[str, Any]:
+    """Fine-tune the saved model on each downstream task (FDAPT / FedBERT evaluate pre-training this way),
+    skipping those already finished when resuming; returns each task's final score, keyed '<name> <metric>'."""
     scores: dict[str, Any] = {}
     for name in config.downstream:
         sub = downstream_config(config, name, str(run_dir / "model"))
@@ -371,7 +368,7 @@ def _run_grid(config: ExperimentConfig, runs: list, data_dir: Path, root: Path, 
         records = read_metrics(run_dir)
         target, direction = get_task(_task_of(run_dir)).target_metric()
         rows.append({"run": label, **summarize(records, target, direction, sub.eval.target, sub.eval.headline),
-                     **run_downstream(sub, data_dir, run_dir, resume=True, personalized=False)})
+                     **run_downstream(sub, data_dir, run_dir, resume=True)})  # finishes any interrupted one
         curves.append((label, records))
     plot_grid(curves, target, root / "comparison.png", f"{config.name}: {target} per round", config.eval.headline)
     table = markdown_table(rows)

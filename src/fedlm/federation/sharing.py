@@ -147,8 +147,8 @@ def build_policy(sharing: SharingConfig, protocol_kind: str, names: Sequence[str
     elif critical == 0:
         global_names = []
     else:
-        global_names = [n for n in trainable if layer_of(n) == EMBEDDINGS
-                        or (isinstance(layer_of(n), int) and layer_of(n) < critical)]
+        shared_groups = {EMBEDDINGS, *range(critical)}
+        global_names = [n for n in trainable if layer_of(n) in shared_groups]
     for selector in sharing.local:
         picked = set(select(selector, names, "sharing.local"))
         global_names = [n for n in global_names if n not in picked]
