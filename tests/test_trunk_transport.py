@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import datetime
 import json
 import logging
 import os
@@ -14,15 +13,12 @@ import grpc
 import pytest
 import torch
 import torch.nn.functional as F
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from fedlm.cli import _parser, main
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.split import Activations, Cut, SplitModel
 from fedlm.split import wire
+from fedlm.split.certs import throwaway_certificates
 from fedlm.split.grpc_transport import SESSION_METHOD, GrpcTransport, pack_envelope, serve_trunk, unpack_envelope
 from fedlm.split.transport import (
     TO_CLIENT,
@@ -70,44 +66,10 @@ def batch(tokenizer):
 # ------------------------------------------------------------------------------------------------ certificates
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _cert(subject: str, key, issuer_name: str, issuer_key, *, ca: bool = False, dns: str | None = None) -> bytes:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_name)]))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if dns:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(dns)]), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
-
-
-def _pem(key) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
 @pytest.fixture(scope="module")
 def certs() -> dict[str, bytes]:
     """A throwaway CA, a server certificate for localhost and a client certificate, all signed by the CA."""
-    ca_key, server_key, client_key = _key(), _key(), _key()
-    return {
-        "ca": _cert("fedlm test CA", ca_key, "fedlm test CA", ca_key, ca=True),
-        "server_cert": _cert("localhost", server_key, "fedlm test CA", ca_key, dns="localhost"),
-        "server_key": _pem(server_key),
-        "client_cert": _cert("alice", client_key, "fedlm test CA", ca_key),
-        "client_key": _pem(client_key),
-    }
+    return throwaway_certificates("localhost")
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -114,6 +114,22 @@ class SharingConfig(_Section):
         "auto", description="where clients' local parameters live between rounds (auto: disk past 2 GB)")
 
 
+class SplitConfig(_Section):
+    """Federated split learning: clients keep the embeddings + ``bottom_blocks`` blocks and the last
+    ``top_blocks`` blocks + head; a server trains the trunk in between (FedBERT: 0/0, FL-GLM: 1/1)."""
+
+    bottom_blocks: int = Field(0, ge=0, description="blocks kept with the embeddings on the client")
+    top_blocks: int = Field(0, ge=0, description="blocks kept with the head on the client")
+    trunk_mode: Literal["sequential", "parallel", "client_batch"] = Field(
+        "sequential", description="one trunk stepped by each client in turn | a trunk copy per client, averaged "
+                                  "each round | every client's batch in one trunk step")
+    client_parts: Literal["share", "average_bottom", "average", "local"] = Field(
+        "average", description="client parts passed client to client (Head-Emd Share) | bottom averaged, top kept "
+                               "(EmdAvg) | both averaged (Head-Emd Avg) | never shared")
+    transport: Literal["inprocess", "grpc"] = Field(
+        "inprocess", description="grpc: a loopback TLS trunk server, every message over the network stack")
+
+
 class EvalConfig(_Section):
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last)")
     local: bool = True
@@ -135,6 +151,7 @@ class ExperimentConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
     sharing: SharingConfig = Field(default_factory=SharingConfig)
+    split: SplitConfig | None = Field(None, description="set to train by federated split learning")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint_every: int = Field(1, ge=1)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
@@ -149,6 +166,12 @@ class ExperimentConfig(_Section):
     def _check(self) -> ExperimentConfig:
         if self.model.preset is None and self.model.checkpoint is None:
             raise ValueError("model: set model.preset (tiny/small/base) or model.checkpoint")
+        if self.split is not None:
+            if self.protocol.kind != "fedavg":
+                raise ValueError(f"split learning averages with FedAvg; protocol.kind is {self.protocol.kind!r} "
+                                 "(set protocol.kind: fedavg, or remove the split section)")
+            if self.sharing != SharingConfig():
+                raise ValueError("split.client_parts decides what clients share; remove the sharing section")
         return self
 
 

@@ -22,12 +22,14 @@ from fedlm.federation.client import LocalSettings
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundPlan
 from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot, trainable_names
-from fedlm.federation.sharing import SharingPolicy, build_policy
+from fedlm.federation.sharing import SharingPolicy, build_policy, layer_of
 from fedlm.federation.simulation import ClientStore, InProcessExecutor, make_client_store
 from fedlm.federation.strategies import build_strategy
 from fedlm.models.build import build_model, build_tokenizer
+from fedlm.models.split import Cut, SplitModel
 from fedlm.recorder import RunRecorder, read_metrics
 from fedlm.report import markdown_table, plot_grid, plot_run, summarize
+from fedlm.split.protocol import SplitExecutor, split_parts
 from fedlm.tasks import get_task
 
 log = logging.getLogger("fedlm")
@@ -199,10 +201,14 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     write_partition_report(run_dir / "partition", prep.train_partition, prep.train_input, prep.loaded.label_names)
     protocol = config.protocol
     n_clients = num_clients_of(config)
-    policy = sharing_policy(prep, n_clients)
-    if config.downstream and policy.personalized:  # refuse before training, not after it
-        raise UserError("downstream fine-tuning needs one global model, but this run keeps parameters on the "
-                        "clients (sharing.critical_layer / isolated); drop `downstream` or share every layer")
+    if config.split is not None and executor_factory is not None:
+        raise UserError("split learning runs in the simulator (split.transport inprocess or grpc), not on Flower; "
+                        "remove the split section for a Flower deployment")
+    policy = split_policy(prep) if config.split is not None else sharing_policy(prep, n_clients)
+    if config.downstream and not encoder_is_global(policy):  # refuse before training, not after it
+        raise UserError("downstream fine-tuning needs one global encoder, but this run keeps blocks or embeddings "
+                        "on the clients (sharing.critical_layer / isolated / split.client_parts local); drop "
+                        "`downstream` or share every layer")
     recorder.write_json("sharing.json", describe_policy(policy, prep.model))
     initial = snapshot(prep.model, policy.global_names + policy.local_names)
     store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
@@ -252,17 +258,26 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
         store.commit()
         recorder.save_checkpoint(round_idx, {"global": params, "strategy": strategy.state_dict()})
 
-    executor = (executor_factory or InProcessExecutor)(
-        prep.model, prep.task, prep.client_train, codec, store, policy.local_names, progress=on_client)
-    engine = RoundEngine(
-        strategy=strategy, executor=executor, codec=codec, client_ids=list(range(n_clients)),
-        settings=LocalSettings.from_config(config.train), plan=plan,
-        hooks=EngineHooks(evaluate=Evaluator(prep, store, policy.personalized), record=recorder.log_round,
-                          checkpoint=save_checkpoint, on_round=on_round, frozen_for=policy.frozen_for))
-    final = engine.run(global_params, start_round=start)
+    settings = LocalSettings.from_config(config.train)
+    hooks = EngineHooks(evaluate=Evaluator(prep, store, policy.personalized), record=recorder.log_round,
+                        checkpoint=save_checkpoint, on_round=on_round, frozen_for=policy.frozen_for)
+    if config.split is not None:
+        executor = split_executor(prep, codec, store, settings, on_client)
+        hooks.downlink, hooks.begin_round = executor.downlink, executor.begin_round
+    else:
+        executor = (executor_factory or InProcessExecutor)(
+            prep.model, prep.task, prep.client_train, codec, store, policy.local_names, progress=on_client)
+    engine = RoundEngine(strategy=strategy, executor=executor, codec=codec, client_ids=list(range(n_clients)),
+                         settings=settings, plan=plan, hooks=hooks)
+    try:
+        final = engine.run(global_params, start_round=start)
+    finally:
+        if isinstance(executor, SplitExecutor):
+            executor.close()
     bar.close()
     client_bar.close()
-    save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients)
+    save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients,
+                     head_only=encoder_is_global(policy))
     records = recorder.records()
     plot_run(records, target, run_dir, f"{config.name}: {protocol.kind} on {config.data.source}")
     row = {"run": config.name, "protocol": protocol.kind, **summarize(records, target, direction, config.eval.target,
@@ -308,6 +323,26 @@ def sharing_policy(prep: Prepared, n_clients: int) -> SharingPolicy:
     return policy
 
 
+def split_policy(prep: Prepared) -> SharingPolicy:
+    """Split runs: the trunk and the shared client parts are global, the kept client parts local."""
+    spec = prep.config.split
+    return split_parts(SplitModel(prep.model, Cut(spec.bottom_blocks, spec.top_blocks)), spec.client_parts).policy()
+
+
+def split_executor(prep: Prepared, codec: Any, store: ClientStore, settings: LocalSettings,
+                   progress: Any) -> SplitExecutor:
+    spec = prep.config.split
+    return SplitExecutor(prep.model, Cut(spec.bottom_blocks, spec.top_blocks), spec.trunk_mode, spec.client_parts,
+                         prep.task, prep.client_train, codec, store, settings, transport=spec.transport,
+                         progress=progress)
+
+
+def encoder_is_global(policy: SharingPolicy) -> bool:
+    """Every embedding and block is shared, so one encoder exists (clients may keep pre-training heads,
+    which downstream fine-tuning replaces anyway)."""
+    return all(layer_of(name) == "head" for name in policy.local_names)
+
+
 def describe_policy(policy: SharingPolicy, model: torch.nn.Module) -> dict[str, Any]:
     """What the run shares, for its directory: names and sizes of the global, local and frozen parts."""
     params = dict(model.named_parameters())
@@ -326,15 +361,18 @@ def describe_policy(policy: SharingPolicy, model: torch.nn.Module) -> dict[str, 
 
 
 def save_final_model(prep: Prepared, final: NamedTensors, store: ClientStore, path: Path, personalized: bool,
-                     n_clients: int) -> None:
-    """Save with save_pretrained so the result loads in plain transformers (personalized: one per client, <= 10)."""
+                     n_clients: int, head_only: bool = False) -> None:
+    """Save with save_pretrained so the result loads in plain transformers (personalized: one per client, <= 10;
+    when clients keep only their heads, the shared encoder with client 0's head is also saved at ``path``)."""
     if personalized:
         for cid in range(min(n_clients, 10)):
             load_into(prep.model, final)
             load_into(prep.model, store.get(cid))
             prep.model.save_pretrained(path / f"client_{cid}")
             prep.tokenizer.save_pretrained(path / f"client_{cid}")
-        return
+        if not head_only:
+            return
+        load_into(prep.model, store.get(0))
     load_into(prep.model, final)
     prep.model.save_pretrained(path)
     prep.tokenizer.save_pretrained(path)

@@ -46,8 +46,10 @@ class ClientReport:
     """An update as the server received it: decoded params plus what it cost to send."""
 
     update: ClientUpdate
-    upload_bytes: int  # everything sent, scale metadata included
+    upload_bytes: int  # parameters sent, scale metadata included
     upload_meta_bytes: int = 0
+    boundary_up: int = 0  # split learning: activations and gradients the client sent to the trunk
+    boundary_down: int = 0  # ... and received from it
 
 
 class Executor(Protocol):
@@ -82,6 +84,8 @@ class EngineHooks:
     checkpoint: Callable[[int, NamedTensors], None] | None = None
     on_round: Callable[[int, dict[str, Any]], None] | None = None
     frozen_for: Callable[[int, list[int], int], tuple[str, ...]] | None = None  # (round, clients, client)
+    downlink: Callable[[NamedTensors], NamedTensors] | None = None  # what clients get (split: never the trunk)
+    begin_round: Callable[[int, NamedTensors], None] | None = None  # server-side state (the split trunk) takes it
 
 
 @dataclass
@@ -116,7 +120,7 @@ class RoundEngine:
 
     def run_round(self, round_idx: int, global_params: NamedTensors) -> NamedTensors:
         started = time.perf_counter()
-        sent = self.codec.encode(global_params)
+        sent = self.codec.encode(self.hooks.downlink(global_params) if self.hooks.downlink else global_params)
         settings = LocalSettings(**{**self.settings.__dict__, **self.strategy.client_config()})
         download_bytes = download_meta = 0
         failures: list[ClientFailure] = []
@@ -127,6 +131,8 @@ class RoundEngine:
                               self.plan.timeout_s, self._frozen(round_idx, sampled, cid)) for cid in sampled]
             download_bytes += sent.total_bytes * len(jobs)
             download_meta += sent.meta_bytes * len(jobs)
+            if self.hooks.begin_round is not None:
+                self.hooks.begin_round(round_idx, global_params)
             results = self.executor.run(jobs)
             reports = [r for r in results if isinstance(r, ClientReport)]
             failed = [r for r in results if isinstance(r, ClientFailure)]
@@ -145,8 +151,7 @@ class RoundEngine:
         train_s = time.perf_counter() - started  # clients' share of the round (FFDAPT's saving shows here)
         if global_params:
             global_params = self.strategy.aggregate(global_params, updates)
-        record = self._round_record(round_idx, updates, failures, (download_bytes, download_meta),
-                                    (sum(r.upload_bytes for r in reports), sum(r.upload_meta_bytes for r in reports)))
+        record = self._round_record(round_idx, reports, failures, (download_bytes, download_meta), sent.total_bytes)
         record["train_s"] = train_s
         if self._due(round_idx, self.plan.eval_every) and self.hooks.evaluate is not None:
             record.update(self.hooks.evaluate(round_idx, global_params, [u.client_id for u in updates]))
@@ -165,20 +170,31 @@ class RoundEngine:
     def _due(self, round_idx: int, every: int) -> bool:
         return round_idx % every == 0 or round_idx == self.plan.rounds
 
-    def _round_record(self, round_idx: int, updates: list[ClientUpdate], failures: list[ClientFailure],
-                      down: tuple[int, int], up: tuple[int, int]) -> dict[str, Any]:
-        """Bytes per direction: total (what crossed the wire) and the scale metadata part of it."""
+    def _round_record(self, round_idx: int, reports: list[ClientReport], failures: list[ClientFailure],
+                      down: tuple[int, int], sent_bytes: int) -> dict[str, Any]:
+        """Bytes per direction: total (what crossed the wire), the scale metadata part of it and, for split
+        learning, the activation/gradient part (``boundary``) and each reporting client's own totals."""
         count = 1 if self.plan.count_bytes else 0
+        updates = [r.update for r in reports]
         examples = sum(u.num_examples for u in updates)
         loss = sum(u.metrics.get("train_loss", math.nan) * u.num_examples for u in updates) / max(examples, 1)
-        return {
+        boundary_up = sum(r.boundary_up for r in reports)
+        boundary_down = sum(r.boundary_down for r in reports)
+        record = {
             "round": round_idx,
             "train_loss": loss,
             "clients": [u.client_id for u in updates],
             "failed": [{"client": f.client_id, "reason": f.reason} for f in failures],
             "train_examples": examples,
-            "bytes_down": down[0] * count,
-            "bytes_up": up[0] * count,
+            "bytes_down": (down[0] + boundary_down) * count,
+            "bytes_up": (sum(r.upload_bytes for r in reports) + boundary_up) * count,
             "bytes_down_meta": down[1] * count,
-            "bytes_up_meta": up[1] * count,
+            "bytes_up_meta": sum(r.upload_meta_bytes for r in reports) * count,
         }
+        if boundary_up or boundary_down:
+            record["bytes_up_boundary"] = boundary_up * count
+            record["bytes_down_boundary"] = boundary_down * count
+            record["bytes_by_client"] = {
+                str(r.update.client_id): {"up": (r.upload_bytes + r.boundary_up) * count,
+                                          "down": (sent_bytes + r.boundary_down) * count} for r in reports}
+        return record

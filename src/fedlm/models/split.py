@@ -37,16 +37,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import reduce
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 
 from fedlm.errors import UserError
-from fedlm.tasks.mlm import MLM_HEAD_MODULES
+from fedlm.models.heads import HEADS
 
 __all__ = ["Activations", "ClientBottom", "ClientTop", "Cut", "ServerTrunk", "SplitModel"]
 
@@ -149,66 +147,6 @@ LAYOUTS: dict[str, _Layout] = {
         rotary="rotary_emb",
         causal=True,
     ),
-}
-
-
-# ------------------------------------------------------------------------------------------------ heads
-# A head maps the base model's last hidden state to the task model's logits, exactly as the task model's
-# ``forward`` does, using the top's modules by attribute name (task-model children and base-model leftovers
-# such as BERT's pooler). ``input_ids`` are client-side data, needed only where HF pools by them.
-
-HeadFn = Callable[[Modules, Tensor, Tensor | None, PretrainedConfig], Tensor]
-
-
-def _mlm_head(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
-    names = MLM_HEAD_MODULES[config.model_type]  # the same table the MLM task applies at masked rows
-    return reduce(lambda x, name: modules[name](x), names, hidden)
-
-
-def _lm_head(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
-    return modules["lm_head"](hidden)
-
-
-def _bert_classifier(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
-    return modules["classifier"](modules["dropout"](modules["pooler"](hidden)))
-
-
-def _roberta_classifier(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
-    return modules["classifier"](hidden)
-
-
-def _distilbert_classifier(
-    modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
-) -> Tensor:
-    return modules["classifier"](modules["dropout"](F.relu(modules["pre_classifier"](hidden[:, 0]))))
-
-
-def _last_token_classifier(
-    modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
-) -> Tensor:
-    # GPT2/Llama ForSequenceClassification: score every position, keep the rightmost non-pad token's
-    logits = modules["score"](hidden)
-    pad_id = config.pad_token_id
-    if pad_id is None or input_ids is None:
-        if hidden.shape[0] != 1:
-            raise ValueError("a decoder classifier needs input_ids and a pad token id to find each row's last token")
-        return logits[:, -1]
-    non_pad = (input_ids != pad_id).to(logits.device, torch.int32)
-    last = (torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32) * non_pad).argmax(-1)
-    return logits[torch.arange(hidden.shape[0], device=logits.device), last]
-
-
-HEADS: dict[str, HeadFn] = {
-    "BertForMaskedLM": _mlm_head,
-    "RobertaForMaskedLM": _mlm_head,
-    "DistilBertForMaskedLM": _mlm_head,
-    "GPT2LMHeadModel": _lm_head,
-    "LlamaForCausalLM": _lm_head,
-    "BertForSequenceClassification": _bert_classifier,
-    "RobertaForSequenceClassification": _roberta_classifier,
-    "DistilBertForSequenceClassification": _distilbert_classifier,
-    "GPT2ForSequenceClassification": _last_token_classifier,
-    "LlamaForSequenceClassification": _last_token_classifier,
 }
 
 
@@ -327,6 +265,10 @@ class SplitModel:
     def trunk_parameters(self) -> list[nn.Parameter]:
         """The server's parameters: the middle blocks only."""
         return list(self.trunk.parameters())
+
+    def bottom_parameter_names(self) -> list[str]:
+        """Names of the bottom's parameters (embeddings and first blocks; tied output weights included)."""
+        return self._names(list(self.bottom.parameters()))
 
     def client_parameter_names(self) -> list[str]:
         """Names, as in ``model.named_parameters()``, of ``client_parameters``."""

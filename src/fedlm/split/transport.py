@@ -119,17 +119,33 @@ class TrunkBackend:
         optimizer: torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer],
         *,
         max_pending_per_client: int = 4,
+        max_grad_norm: float | None = None,
     ) -> None:
         self.trunk = trunk
         self.hidden_size = hidden_size
         params = list(trunk.parameters())
         if not params:
             raise ValueError("the trunk has no parameters")
+        self._make_optimizer = None if isinstance(optimizer, torch.optim.Optimizer) else optimizer
         self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(params)
         self.max_pending_per_client = max_pending_per_client
+        self.max_grad_norm = max_grad_norm
         self._dtype, self._device = params[0].dtype, params[0].device
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._lock = threading.Lock()
+
+    def reset_optimizer(self) -> None:
+        """A fresh optimizer (a new client turn or round starts without the last one's moments)."""
+        if self._make_optimizer is None:
+            raise ValueError("reset_optimizer needs the backend built with an optimizer factory")
+        self.optimizer = self._make_optimizer([p for p in self.trunk.parameters() if p.requires_grad])
+
+    def _step(self) -> None:
+        """Clip (if asked) and apply the trunk's accumulated gradient."""
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.trunk.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
 
     def forward(self, client_id: str, step: int, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Run the trunk on a client's activations; keep the graph for :meth:`backward`."""
@@ -151,8 +167,8 @@ class TrunkBackend:
             return {"hidden": output.detach().cpu()}
 
     def backward(self, client_id: str, step: int, grad: Tensor) -> dict[str, Tensor]:
-        """Backpropagate the client's gradient w.r.t. the trunk output, step the optimizer (no clipping),
-        and return the gradient w.r.t. the trunk input."""
+        """Backpropagate the client's gradient w.r.t. the trunk output, step the optimizer (clipping the
+        trunk's gradient norm if ``max_grad_norm``), and return the gradient w.r.t. the trunk input."""
         with self._lock:
             key = (client_id, _check_step(step))
             pending = self._pending.get(key)
@@ -170,8 +186,7 @@ class TrunkBackend:
             _check_finite("grad", grad)
             del self._pending[key]
             pending.output.backward(grad.to(self._device))
-            self.optimizer.step()
-            self.optimizer.zero_grad()
+            self._step()
             stale = list(self._pending)
             self._pending.clear()  # their graphs hold the weights before this step
             if stale:

@@ -60,6 +60,11 @@ class Task(ABC):
         """Mean loss over the batch's target units, and the number of units."""
 
     @abstractmethod
+    def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
+        """``loss`` from the base model's last hidden state (split learning computes that state in parts);
+        only ``model``'s head modules are used."""
+
+    @abstractmethod
     def target_metric(self) -> tuple[str, str]:
         """(metric name, "max" | "min") used for model selection."""
 
@@ -107,11 +112,18 @@ class TokenPredictionTask(Task):
         )
 
     @abstractmethod
-    def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _head(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Vocabulary logits (units x vocab) at the target units, and the target ids (units)."""
 
+    def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._head(model, base_hidden(model, batch), batch)
+
     def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
-        logits, targets = self._logits_and_targets(model, to_device(batch, model))
+        batch = to_device(batch, model)
+        return self.loss_from_hidden(model, base_hidden(model, batch), batch)
+
+    def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
+        logits, targets = self._head(model, hidden, batch)
         count = targets.numel()
         # sum / count rather than mean: an empty batch then yields a zero loss that still backpropagates.
         return F.cross_entropy(logits.float(), targets, reduction="sum") / max(count, 1), count
@@ -179,6 +191,16 @@ def iter_rows(dataset: Rows, batch_size: int) -> Iterator[list[dict]]:
         if isinstance(chunk, dict):  # a Dataset slice is columnar
             chunk = [dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)]
         yield list(chunk)
+
+
+def model_inputs(batch: Batch) -> Batch:
+    """Everything but the labels: what the model (or a split client's bottom) takes."""
+    return {key: value for key, value in batch.items() if key != "labels"}
+
+
+def base_hidden(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+    """The base model's last hidden state (what every task head takes)."""
+    return model.base_model(**model_inputs(batch)).last_hidden_state
 
 
 def to_device(batch: Batch, model: PreTrainedModel) -> Batch:

@@ -13,7 +13,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fedlm import metrics
 from fedlm.errors import UserError
-from fedlm.tasks.base import Batch, Task, map_batches, pad_ids, to_device
+from fedlm.models.heads import task_logits
+from fedlm.tasks.base import Batch, Task, map_batches, model_inputs, pad_ids, to_device
 
 
 class SequenceTask(Task):
@@ -50,6 +51,9 @@ class SequenceTask(Task):
         batch = to_device(batch, model)
         return self._loss(self._outputs(model, batch), batch["labels"]), len(batch["labels"])
 
+    def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
+        return self._loss(task_logits(model, hidden, batch["input_ids"]), batch["labels"]), len(batch["labels"])
+
     def _eval_batch(self, model: PreTrainedModel, batch: Batch) -> dict[str, Any]:
         batch = to_device(batch, model)
         outputs = self._outputs(model, batch)
@@ -66,7 +70,7 @@ class SequenceTask(Task):
         return {"loss": loss, **self._scores(outputs, labels)}
 
     def _outputs(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
-        return model(**{key: value for key, value in batch.items() if key != "labels"}).logits
+        return model(**model_inputs(batch)).logits
 
     @abstractmethod
     def _loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

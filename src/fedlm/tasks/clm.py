@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from fedlm.models.heads import task_logits
 from fedlm.tasks.base import IGNORE_INDEX, Batch, TokenPredictionTask, pad_ids
 
 
@@ -18,8 +19,8 @@ class CausalLMTask(TokenPredictionTask):
         labels = ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
         return {"input_ids": ids, "attention_mask": attention_mask, "labels": labels}
 
-    def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    def _head(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = task_logits(model, hidden)
         targets = batch["labels"][:, 1:]
         predicted = targets != IGNORE_INDEX
         return logits[:, :-1][predicted], targets[predicted]

@@ -7,34 +7,16 @@ applying the family's own head modules to just those rows gives the same loss fo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import reduce
-
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fedlm.errors import UserError
+from fedlm.models.heads import mlm_head
 from fedlm.tasks.base import IGNORE_INDEX, Batch, TokenPredictionTask, pad_ids
-
-# Family -> attribute names of its MLM head modules on the *ForMaskedLM model, applied in order.
-MLM_HEAD_MODULES: dict[str, tuple[str, ...]] = {
-    "bert": ("cls",),
-    "roberta": ("lm_head",),
-    "distilbert": ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
-}
 
 SELECT_PROB = 0.15
 MASK_PROB = 0.8  # of selected tokens: replaced by the mask token
 RANDOM_PROB = 0.1  # of selected tokens: replaced by a random token; the rest keep their own
-
-
-def mlm_head(model: PreTrainedModel) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The model's hidden-state -> vocabulary-logits head, as one function of (rows x hidden)."""
-    names = MLM_HEAD_MODULES.get(model.config.model_type)
-    if names is None:
-        raise UserError(f"masked LM is not supported for {model.config.model_type!r} models")
-    modules = [getattr(model, name) for name in names]
-    return lambda hidden: reduce(lambda x, module: module(x), modules, hidden)
 
 
 def mask_tokens(
@@ -81,8 +63,6 @@ class MaskedLMTask(TokenPredictionTask):
         input_ids, labels = mask_tokens(ids, maskable, tokenizer.mask_token_id, self._replacement_ids, generator)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
-    def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = {key: value for key, value in batch.items() if key != "labels"}
-        hidden = model.base_model(**inputs).last_hidden_state
+    def _head(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         selected = batch["labels"] != IGNORE_INDEX
         return mlm_head(model)(hidden[selected]), batch["labels"][selected]

@@ -1,0 +1,367 @@
+"""Federated split learning as an executor of the one round engine (FedBERT Alg. 2-3, FL-GLM section 3.3).
+
+The engine's global state is the trunk plus whatever client parts are shared; clients are sent only the
+shared client parts (``downlink``), never the trunk. Each client trains its bottom and top against the
+trunk through a :class:`~fedlm.split.transport.Transport`; what a client reports is chosen so that the
+engine's FedAvg aggregation *is* the paper's protocol:
+
+* trunk ``sequential`` (FedBERT Alg. 3, FL-GLM serial): one trunk, stepped by each client in turn; the
+  last client's report carries it, so the "average" over the one holder is that trunk, exactly;
+* trunk ``parallel`` (FedBERT Alg. 2, FL-GLM server-hierarchical): every client trains its own copy of the
+  round's starting trunk; each report carries its copy and FedAvg weighs them by examples;
+* trunk ``client_batch`` (FL-GLM Fig. 3): every client's batch goes through one trunk step
+  (:class:`~fedlm.split.client_batch.BatchingTrunkBackend`); clients run in lockstep;
+* client parts ``share`` (Head-Emd Share): a client starts from the parts the previous client finished
+  with, and the last client's parts become the round's result (only its report carries them); in
+  ``client_batch`` mode the clients train at once, so all start from the parts the last round handed on;
+  ``average`` (Head-Emd Avg): bottom and top averaged; ``average_bottom`` (EmdAvg): bottom averaged, top
+  kept by each client; ``local``: both kept by each client.
+
+Clients keep no optimizer state between turns and neither does the trunk (a fresh optimizer per client
+turn, or per round in ``client_batch`` mode), so a one-client split run equals one-client FedAvg.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlm.errors import UserError
+from fedlm.federation.client import ClientTimeout, LocalSettings, batch_order, make_optimizer
+from fedlm.federation.codecs import Codec
+from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.params import NamedTensors, all_finite, load_into, snapshot
+from fedlm.federation.sharing import SharingPolicy
+from fedlm.federation.simulation import ClientStore
+from fedlm.federation.strategies import ClientUpdate
+from fedlm.models.split import Activations, Cut, SplitModel
+from fedlm.split.client_batch import BatchingTrunkBackend
+from fedlm.split.transport import InProcessTransport, MessageHook, Transport, TrunkBackend
+from fedlm.tasks.base import model_inputs
+
+log = logging.getLogger("fedlm")
+
+TRUNK_MODES = ("sequential", "parallel", "client_batch")
+CLIENT_PARTS = ("share", "average_bottom", "average", "local")
+Request = tuple[str, int, Any]  # ("forward", step, Activations) or ("backward", step, gradient)
+
+
+@dataclass(frozen=True)
+class SplitParts:
+    """The model's trainable parameter names by owner, and which client parameters leave the client."""
+
+    bottom: list[str]
+    top: list[str]
+    trunk: list[str]
+    shared: list[str]  # client parameters averaged or passed on
+    local: list[str]  # client parameters that never leave their client
+
+    def policy(self) -> SharingPolicy:
+        """The engine's view: the trunk and the shared client parts are global, the rest local."""
+        return SharingPolicy(self.trunk + self.shared, self.local)
+
+
+def split_parts(split: SplitModel, client_parts: str) -> SplitParts:
+    if client_parts not in CLIENT_PARTS:
+        raise UserError(f"split.client_parts = {client_parts!r}; choose one of {', '.join(CLIENT_PARTS)}")
+    bottom = split.bottom_parameter_names()
+    top = [n for n in split.client_parameter_names() if n not in set(bottom)]  # tied weights count as bottom
+    shared = {"share": bottom + top, "average": bottom + top, "average_bottom": bottom, "local": []}[client_parts]
+    local = [n for n in bottom + top if n not in set(shared)]
+    return SplitParts(bottom, top, split.trunk_parameter_names(), shared, local)
+
+
+def client_copy(split: SplitModel) -> SplitModel:
+    """A client's own model: its bottom and top are real, every trunk parameter is an empty ``meta`` tensor,
+    so the client holds no trunk weights (and could not run the trunk if it tried)."""
+    memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+            for p in split.trunk_parameters()}
+    return SplitModel(copy.deepcopy(split.model, memo), split.cut)
+
+
+def client_steps(client: SplitModel, task: Any, rows: Sequence[dict], settings: LocalSettings, seed: int,
+                 deadline: float | None = None) -> Generator[Request, Any, dict[str, float]]:
+    """One client's local training, yielding at every message to the trunk and resuming with the answer.
+
+    The same batches, masking and dropout draws as ``train_locally`` (same seeding, same order of forward
+    computations), so driven against a trunk in this process it reproduces the unsplit step. Gradient
+    clipping applies to the client's own parameters (the trunk clips its own).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout
+    client.model.train()
+    params = [p for p in client.client_parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, settings)
+    loss_sum, units, steps = 0.0, 0, 0
+    for step, batch_rows in enumerate(batch_order(len(rows), settings, generator)):
+        if deadline is not None and time.monotonic() > deadline:
+            raise ClientTimeout(f"local training passed its deadline after {steps} steps")
+        batch = task.collate([rows[i] for i in batch_rows], generator)
+        sent = client.bottom(**model_inputs(batch))
+        top_in: Activations = yield ("forward", step, sent)
+        loss, count = task.loss_from_hidden(client.model, client.top(top_in), batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad: Tensor = yield ("backward", step, top_in.hidden.grad)
+        sent.hidden.backward(grad)
+        if settings.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
+        optimizer.step()
+        loss_sum += float(loss.detach()) * count
+        units += count
+        steps += 1
+    return {"train_loss": loss_sum / max(units, 1), "steps": float(steps), "examples": float(len(rows))}
+
+
+def call_trunk(transport: Transport, request: Request) -> Any:
+    kind, step, payload = request
+    return transport.forward(step, payload) if kind == "forward" else transport.backward(step, payload)
+
+
+def drive(steps: Generator[Request, Any, dict[str, float]], transport: Transport) -> dict[str, float]:
+    """Run one client's steps to the end, answering each request through ``transport``."""
+    answer = None
+    while True:
+        try:
+            request = steps.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = call_trunk(transport, request)
+
+
+def drive_lockstep(steps: dict[int, Generator], transports: dict[int, Transport],
+                   pool: ThreadPoolExecutor) -> dict[int, dict[str, float] | BaseException]:
+    """Run several clients against a client-batch trunk, one message each per trunk step.
+
+    Client computation runs here, one client after another in a fixed order (so dropout draws are
+    reproducible); only the transport calls run concurrently, because the trunk answers once every
+    client's message is in. A client that finishes or fails closes its transport, leaving the batch.
+    """
+    answers: dict[int, Any] = dict.fromkeys(steps)
+    outcomes: dict[int, dict[str, float] | BaseException] = {}
+    active = list(steps)
+    while active:
+        requests: dict[int, Request] = {}
+        for cid in active:
+            try:
+                requests[cid] = steps[cid].send(answers[cid])
+            except StopIteration as stop:
+                outcomes[cid] = stop.value
+                transports[cid].close()
+            except Exception as exc:
+                outcomes[cid] = exc
+                transports[cid].close()
+        futures = {cid: pool.submit(call_trunk, transports[cid], request) for cid, request in requests.items()}
+        active = []
+        for cid, future in futures.items():
+            try:
+                answers[cid] = future.result()
+                active.append(cid)
+            except Exception as exc:
+                outcomes[cid] = exc
+                transports[cid].close()
+    return outcomes
+
+
+TransportFactory = Callable[[str], Transport]
+
+
+class SplitExecutor:
+    """Runs a round's clients by split learning against a trunk held here (the server side)."""
+
+    def __init__(self, model: torch.nn.Module, cut: Cut, trunk_mode: str, client_parts: str, task: Any,
+                 client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore, settings: LocalSettings,
+                 *, transport: str = "inprocess", hook: MessageHook | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
+        if trunk_mode not in TRUNK_MODES:
+            raise UserError(f"split.trunk_mode = {trunk_mode!r}; choose one of {', '.join(TRUNK_MODES)}")
+        self.server = SplitModel(model, cut)
+        self.parts = split_parts(self.server, client_parts)
+        self.trunk_mode = trunk_mode
+        self.client_parts = client_parts
+        self.task = task
+        self.client_rows = client_rows
+        self.codec = codec
+        self.store = store
+        self.progress = progress
+        self._clients: list[SplitModel] = []
+        self._round_trunk: NamedTensors = {}
+        self._relay: NamedTensors | None = None
+        backend_class = BatchingTrunkBackend if trunk_mode == "client_batch" else TrunkBackend
+        self.backend = backend_class(self.server.trunk, model.config.hidden_size,
+                                     lambda params: make_optimizer(params, settings),
+                                     max_grad_norm=settings.max_grad_norm)
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fedlm-split")
+        self._connect = self._transports(transport, hook)
+
+    # ------------------------------------------------------------------------------------- engine hooks
+
+    def downlink(self, global_params: NamedTensors) -> NamedTensors:
+        """What each client is sent at a round's start: the shared client parts, never the trunk."""
+        return {n: global_params[n] for n in self.parts.shared}
+
+    def begin_round(self, round_idx: int, global_params: NamedTensors) -> None:
+        """The server's trunk takes the round's starting state (again on a retried attempt)."""
+        self._round_trunk = {n: global_params[n] for n in self.parts.trunk}
+        load_into(self.server.model, self._round_trunk)
+        self._relay = None
+
+    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
+        self.server.model.train()
+        if self.trunk_mode == "client_batch":
+            results = self._run_batch(jobs)
+        else:
+            results = []
+            for job in jobs:
+                results.append(self._run_turn(job))
+                if self.progress is not None:
+                    self.progress(job.client_id)
+        self._finish(results)
+        return results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        closer = getattr(self._connect, "close", None)
+        if closer is not None:
+            closer()
+
+    # ---------------------------------------------------------------------------------------- internals
+
+    def _client(self, index: int) -> SplitModel:
+        while len(self._clients) <= index:
+            self._clients.append(client_copy(self.server))
+        return self._clients[index]
+
+    def _prepare_client(self, client: SplitModel, job: ClientJob) -> None:
+        received = self.codec.decode(job.params)
+        if self.client_parts == "share" and self._relay is not None:
+            received = self._relay  # the previous client's parts (passed through the server)
+        load_into(client.model, received)
+        load_into(client.model, self.store.get(job.client_id))
+
+    def _steps(self, client: SplitModel, job: ClientJob) -> Generator[Request, Any, dict[str, float]]:
+        deadline = time.monotonic() + job.timeout_s if job.timeout_s else None
+        return client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed, deadline)
+
+    def _run_turn(self, job: ClientJob) -> ClientReport | ClientFailure:
+        client = self._client(0)
+        self._prepare_client(client, job)
+        if self.trunk_mode == "parallel":
+            load_into(self.server.model, self._round_trunk)  # this client's own copy of the round's trunk
+        self.backend.reset_optimizer()
+        transport = self._connect(str(job.client_id))
+        try:
+            metrics = drive(self._steps(client, job), transport)
+            return self._report(job, client, metrics, transport)
+        except Exception as exc:
+            return _failure(job.client_id, exc)
+        finally:
+            transport.close()
+
+    def _run_batch(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
+        assert isinstance(self.backend, BatchingTrunkBackend)
+        self.backend.expect([str(job.client_id) for job in jobs])
+        self.backend.reset_optimizer()
+        clients = {job.client_id: self._client(i) for i, job in enumerate(jobs)}
+        for job in jobs:
+            self._prepare_client(clients[job.client_id], job)
+        transports = {job.client_id: self._connect(str(job.client_id)) for job in jobs}
+        steps = {job.client_id: self._steps(clients[job.client_id], job) for job in jobs}
+        outcomes = drive_lockstep(steps, transports, self._pool)
+        results: list[ClientReport | ClientFailure] = []
+        for job in jobs:
+            outcome = outcomes[job.client_id]
+            try:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                results.append(self._report(job, clients[job.client_id], outcome, transports[job.client_id]))
+            except Exception as exc:
+                results.append(_failure(job.client_id, exc))
+            if self.progress is not None:
+                self.progress(job.client_id)
+        return results
+
+    def _report(self, job: ClientJob, client: SplitModel, metrics: dict[str, float],
+                transport: Transport) -> ClientReport:
+        """Encode the client's shared parts for upload; keep its local parts; add the trunk copy (parallel)."""
+        if not math.isfinite(metrics["train_loss"]):
+            raise FloatingPointError(f"train loss is {metrics['train_loss']}")
+        shared = snapshot(client.model, self.parts.shared)
+        bad = all_finite(shared)
+        if bad is not None:
+            raise FloatingPointError(f"parameter {bad} holds NaN or Inf")
+        encoded = self.codec.encode(shared)
+        params: NamedTensors = {}
+        if self.client_parts == "share":
+            self._relay = self.codec.decode(encoded)
+        else:
+            params.update(self.codec.decode(encoded))
+        if self.trunk_mode == "parallel":
+            params.update(snapshot(self.server.model, self.parts.trunk))
+        self.store.put(job.client_id, snapshot(client.model, self.parts.local))
+        update = ClientUpdate(job.client_id, len(self.client_rows[job.client_id]), params, metrics)
+        return ClientReport(update, encoded.total_bytes, encoded.meta_bytes, transport.bytes_sent,
+                            transport.bytes_received)
+
+    def _finish(self, results: list[ClientReport | ClientFailure]) -> None:
+        """The last reporting client carries what exists once: the passed-on parts and the single trunk."""
+        reports = [r for r in results if isinstance(r, ClientReport)]
+        if not reports:
+            return
+        last = reports[-1].update.params
+        if self.client_parts == "share" and self._relay is not None:
+            last.update(self._relay)
+        if self.trunk_mode != "parallel":
+            last.update(snapshot(self.server.model, self.parts.trunk))
+
+    def _transports(self, kind: str, hook: MessageHook | None) -> TransportFactory:
+        if kind == "inprocess":  # the hook sees each message as the client sends and receives it
+            return lambda client_id: InProcessTransport(self.backend, client_id, hook=hook)
+        if kind == "grpc":
+            return LoopbackGrpc(self.backend, sorted(map(str, self.client_rows)), hook)
+        raise UserError(f"split.transport = {kind!r}; choose inprocess or grpc")
+
+
+class LoopbackGrpc:
+    """A TLS trunk server on a loopback port with a token per client; each call opens a client session.
+
+    Every boundary message crosses the real gRPC stack (serialisation, TLS, HTTP/2), in one process; the
+    hook sees each message as the server receives and answers it."""
+
+    def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None) -> None:
+        from fedlm.split.certs import throwaway_certificates
+        from fedlm.split.grpc_transport import serve_trunk
+
+        self._certs = throwaway_certificates("localhost")
+        self._tokens = {cid: secrets.token_hex(16) for cid in client_ids}
+        self.server = serve_trunk(backend, "localhost:0", tokens=self._tokens,
+                                  tls=(self._certs["server_cert"], self._certs["server_key"]),
+                                  max_sessions=max(16, len(client_ids) + 4), hook=hook)
+
+    def __call__(self, client_id: str) -> Transport:
+        from fedlm.split.grpc_transport import GrpcTransport
+
+        return GrpcTransport(f"localhost:{self.server.port}", client_id, self._tokens[client_id],
+                             root_cert_pem=self._certs["ca"], timeout_s=600.0)
+
+    def close(self) -> None:
+        self.server.stop(grace=1.0)
+
+
+def _failure(client_id: int, exc: BaseException) -> ClientFailure:
+    if isinstance(exc, ClientTimeout):
+        return ClientFailure(client_id, f"timeout: {exc}")
+    if isinstance(exc, FloatingPointError):
+        return ClientFailure(client_id, f"non-finite update: {exc}")
+    log.debug("client %d crashed", client_id, exc_info=exc)
+    return ClientFailure(client_id, f"exception: {type(exc).__name__}: {exc}")

@@ -1,0 +1,372 @@
+"""Split learning inside the round engine: equivalence with FedAvg, what each mode and policy reports, what
+crosses the boundary, FedBERT's Table 2 cost model, and runs for MLM, CLM and classification."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+from fedlm.config import validate
+from fedlm.errors import UserError
+from fedlm.experiment import prepare, run_single
+from fedlm.federation.client import LocalSettings
+from fedlm.federation.codecs import get_codec
+from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.params import snapshot
+from fedlm.federation.simulation import ClientStore
+from fedlm.models.build import build_model, build_tokenizer
+from fedlm.models.split import Activations, Cut, SplitModel
+from fedlm.recorder import RunRecorder, read_metrics
+from fedlm.split.client_batch import BatchingTrunkBackend
+from fedlm.split.protocol import SplitExecutor, client_copy
+from fedlm.split.transport import TO_CLIENT, TO_SERVER, InProcessTransport, MessageLog
+from fedlm.tasks import get_task
+from fedlm.tasks.base import base_hidden
+from tests.conftest import make_sentences, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def split_config(tmp_path, source, clients: int = 4, **split) -> dict:
+    raw = tiny_config(tmp_path, source)
+    raw["partition"] = {"kind": "iid", "num_clients": clients}
+    raw["split"] = split
+    return raw
+
+
+def final_global(run_dir) -> dict[str, torch.Tensor]:
+    return RunRecorder(run_dir).load_checkpoint()["global"]
+
+
+# ------------------------------------------------------------------------------------------ task hook
+
+
+@pytest.mark.parametrize(("family", "task"), [
+    ("bert", "mlm"), ("roberta", "mlm"), ("distilbert", "mlm"), ("gpt2", "clm"), ("llama", "clm"),
+    ("bert", "classification"), ("roberta", "classification"), ("distilbert", "classification"),
+    ("gpt2", "classification"), ("llama", "classification"), ("bert", "regression"),
+])
+def test_loss_from_hidden_equals_the_tasks_own_loss(family, task):
+    texts = [t for t, _ in make_sentences(40)]
+    tokenizer = build_tokenizer(None, family, texts, 200)
+    model = build_model(family, "tiny", task, tokenizer, num_labels=1 if task == "regression" else 2, seed=0).eval()
+    rows = [{"input_ids": tokenizer(t)["input_ids"], "labels": i % 2 if task != "regression" else 0.5 * i}
+            for i, t in enumerate(texts[:6])]
+    bound = get_task(task, tokenizer)
+    batch = bound.collate(rows, torch.Generator().manual_seed(0))
+    expected, count = bound.loss(model, batch)
+    got, got_count = bound.loss_from_hidden(model, base_hidden(model, batch), batch)
+    assert got_count == count
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------- run-level equivalence
+
+
+@pytest.mark.parametrize(("mode", "cut"), [("sequential", (0, 0)), ("parallel", (1, 0)), ("client_batch", (0, 1))])
+def test_one_client_split_run_equals_one_client_fedavg(tmp_path, tiny_csv, mode, cut):
+    """The same batches, masks and dropout draws, computed in three parts across the boundary."""
+    raw = tiny_config(tmp_path, tiny_csv)
+    raw["partition"] = {"kind": "iid", "num_clients": 1}
+    raw["model"]["preset"] = "tiny"
+    raw["model"]["overrides"] = {"hidden_dropout_prob": 0.1, "num_hidden_layers": 3}
+    raw["train"]["max_grad_norm"] = None  # the split clips client and trunk separately, FedAvg jointly
+    run_single(validate(raw), tiny_csv, tmp_path / "fedavg")
+    raw["split"] = {"trunk_mode": mode, "client_parts": "average", "bottom_blocks": cut[0], "top_blocks": cut[1]}
+    run_single(validate(raw), tiny_csv, tmp_path / "split")
+    expected, got = final_global(tmp_path / "fedavg"), final_global(tmp_path / "split")
+    assert set(got) == set(expected)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=2e-5, msg=name)
+    assert read_metrics(tmp_path / "split")[-1]["test_accuracy"] == read_metrics(tmp_path / "fedavg")[-1][
+        "test_accuracy"]
+
+
+# ------------------------------------------------------------------------------ executor-level semantics
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_csv):
+    tmp = tmp_path_factory.mktemp("split")
+    raw = tiny_config(tmp, tiny_csv)
+    raw["partition"] = {"kind": "iid", "num_clients": 3}
+    raw["train"]["local_steps"] = 2
+    return prepare(validate(raw), tiny_csv)
+
+
+def make_executor(prep, mode: str, parts: str, **kwargs) -> tuple[SplitExecutor, dict]:
+    model = build_model("bert", "tiny", "classification", prep.tokenizer, num_labels=2, seed=3)
+    settings = LocalSettings(lr=0.01, batch_size=8, local_steps=2, max_grad_norm=None)
+    executor = SplitExecutor(model, Cut(0, 0), mode, parts, prep.task, prep.client_train, get_codec("fp32"),
+                             ClientStore({}, prep.config.output_dir + "/unused.pt"), settings, **kwargs)
+    executor.store.initial = snapshot(model, executor.parts.local)
+    start = snapshot(model, executor.parts.trunk + executor.parts.shared)
+    return executor, start
+
+
+def round_jobs(executor: SplitExecutor, start: dict, clients: list[int]) -> list[ClientJob]:
+    settings = LocalSettings(lr=0.01, batch_size=8, local_steps=2, max_grad_norm=None)
+    sent = get_codec("fp32").encode(executor.downlink(start))
+    return [ClientJob(cid, 1, sent, settings, seed=100 + cid) for cid in clients]
+
+
+def run_round(executor: SplitExecutor, start: dict, clients: list[int]) -> list[ClientReport]:
+    executor.begin_round(1, start)
+    reports = executor.run(round_jobs(executor, start, clients))
+    assert all(isinstance(r, ClientReport) for r in reports), reports
+    return reports
+
+
+def test_what_each_trunk_mode_and_client_policy_reports(setup):
+    for mode in ("sequential", "parallel", "client_batch"):
+        for parts in ("share", "average_bottom", "average", "local"):
+            executor, start = make_executor(setup, mode, parts)
+            names = executor.parts
+            reports = run_round(executor, start, [0, 1, 2])
+            carried = [set(r.update.params) for r in reports]
+            trunk, shared = set(names.trunk), set(names.shared)
+            if mode == "parallel":  # each client's own trunk copy
+                assert all(trunk <= c for c in carried)
+            else:  # one trunk, carried once, by the last report
+                assert trunk <= carried[-1] and not any(trunk & c for c in carried[:-1])
+            if parts == "share":
+                assert shared <= carried[-1] and not any(shared & c for c in carried[:-1])
+            else:
+                assert all(shared <= c for c in carried)
+            assert all(not (set(names.local) & c) for c in carried), "local parts never leave the client"
+            expected_shared = {"share": names.bottom + names.top, "average": names.bottom + names.top,
+                               "average_bottom": names.bottom, "local": []}[parts]
+            assert sorted(names.shared) == sorted(expected_shared)
+            assert all(r.boundary_up > 0 and r.boundary_down > 0 for r in reports)
+            assert all(r.upload_bytes == sum(4 * start[n].numel() for n in names.shared) for r in reports)
+            executor.close()
+
+
+def test_sequential_share_is_a_chain_of_single_client_turns(setup):
+    """Head-Emd Share: client 1 starts from the parts (and the trunk) client 0 finished with."""
+    executor, start = make_executor(setup, "sequential", "share")
+    both = run_round(executor, start, [0, 1])[-1].update.params
+    executor, start = make_executor(setup, "sequential", "share")
+    after_first = run_round(executor, start, [0])[-1].update.params
+    chained = run_round(executor, after_first, [1])[-1].update.params
+    for name in both:
+        torch.testing.assert_close(both[name], chained[name], rtol=0, atol=0, msg=name)
+
+
+def test_parallel_trunk_copies_each_start_from_the_rounds_trunk(setup):
+    executor, start = make_executor(setup, "parallel", "average")
+    together = run_round(executor, start, [0, 1, 2])
+    alone = run_round(executor, start, [2])[0]
+    trunk = executor.parts.trunk
+    for name in trunk:
+        torch.testing.assert_close(together[2].update.params[name], alone.update.params[name], rtol=0, atol=0)
+    assert not torch.equal(together[0].update.params[trunk[0]], together[1].update.params[trunk[0]])
+
+
+def test_local_parts_stay_with_each_client_and_differ(setup):
+    executor, start = make_executor(setup, "sequential", "local")
+    run_round(executor, start, [0, 1])
+    name = executor.parts.local[0]
+    kept = [executor.store.get(c)[name] for c in (0, 1)]
+    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[0], executor.store.initial[name])
+
+
+def test_client_batch_steps_the_trunk_once_on_the_mean_of_the_clients_gradients():
+    """Two clients, different sequence lengths: one trunk SGD step with (g_a + g_b) / 2; each client gets the
+    input gradient of its own loss, as if it had the trunk alone."""
+    tokenizer = build_tokenizer(None, "bert", [t for t, _ in make_sentences(40)], 200)
+    model = build_model("bert", "tiny", "classification", tokenizer, num_labels=2, seed=0).eval()
+    split = SplitModel(model, Cut(0, 0))
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trunk_names = split.trunk_parameter_names()
+    inputs = {"a": torch.randn(2, 5, 64), "b": torch.randn(3, 7, 64)}
+    masks = {"a": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), "b": torch.ones(3, 7, dtype=torch.long)}
+    targets = {k: torch.randn(v.shape[0], v.shape[1], 64) for k, v in inputs.items()}
+
+    def client_loss(out: torch.Tensor, cid: str) -> torch.Tensor:
+        return F.mse_loss(out, targets[cid])
+
+    expected_input_grads, trunk_grads = {}, []
+    for cid in ("a", "b"):  # reference: each client alone on the unchanged trunk
+        received = Activations(inputs[cid], masks[cid]).detached()
+        model.zero_grad()
+        client_loss(split.trunk(received).hidden, cid).backward()
+        expected_input_grads[cid] = received.hidden.grad
+        params = dict(model.named_parameters())
+        trunk_grads.append({n: params[n].grad.clone() for n in trunk_names})
+    model.zero_grad()
+    backend = BatchingTrunkBackend(split.trunk, 64, lambda ps: torch.optim.SGD(ps, lr=0.5), timeout_s=30)
+    backend.expect(["a", "b"])
+    log = MessageLog()
+    transports = {cid: InProcessTransport(backend, cid, hook=log) for cid in ("a", "b")}
+    with ThreadPoolExecutor(2) as pool:
+        forward = pool.map(lambda c: transports[c].forward(0, Activations(inputs[c], masks[c])), "ab")
+        outs = dict(zip("ab", forward, strict=True))
+        grads = {}
+        for cid in ("a", "b"):
+            client_loss(outs[cid].hidden, cid).backward()
+            grads[cid] = outs[cid].hidden.grad
+        back = dict(zip("ab", pool.map(lambda c: transports[c].backward(0, grads[c]), "ab"), strict=True))
+    for cid in ("a", "b"):
+        torch.testing.assert_close(back[cid], expected_input_grads[cid], rtol=1e-4, atol=1e-6)
+    params = dict(model.named_parameters())
+    for name in trunk_names:
+        mean_grad = (trunk_grads[0][name] + trunk_grads[1][name]) / 2
+        torch.testing.assert_close(params[name].detach(), start[name] - 0.5 * mean_grad, rtol=1e-4, atol=1e-6)
+    assert backend.steps_taken == 1
+    assert {m.kind for m in log.messages} == {"forward", "backward"} and len(log.messages) == 8
+
+
+# ---------------------------------------------------------------------------------------- the boundary
+
+
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+@pytest.mark.parametrize("mode", ["sequential", "client_batch"])
+def test_boundary_carries_no_ids_or_labels_and_clients_hold_no_trunk(setup, transport, mode):
+    log = MessageLog()
+    executor, start = make_executor(setup, mode, "average", transport=transport, hook=log)
+    try:
+        run_round(executor, start, [0, 1])
+    finally:
+        executor.close()
+    assert log.messages, "the hook saw no message"
+    assert log.names(TO_SERVER) <= {"hidden", "attention_mask", "position_ids", "grad"}
+    assert log.names(TO_CLIENT) <= {"hidden", "grad"}
+    for message in log.messages:
+        for name, (dtype, shape) in message.tensors.items():
+            if name in ("hidden", "grad"):
+                assert dtype == "float32" and shape[-1] == 64, (name, dtype, shape)
+            else:  # the only integer tensors: the 0/1 padding mask and positions (checked by the trunk)
+                assert name in ("attention_mask", "position_ids") and len(shape) == 2
+    forwards = [m for m in log.messages if m.kind == "forward" and m.direction == TO_SERVER]
+    backwards = [m for m in log.messages if m.kind == "backward" and m.direction == TO_SERVER]
+    assert len(forwards) == len(backwards) == 2 * 2  # 2 clients x 2 local steps
+    trunk_ids = {id(p) for p in executor.server.trunk_parameters()}
+    for client in executor._clients:
+        assert all(p.device.type == "meta" for p in client.trunk_parameters())
+        assert not trunk_ids & {id(p) for p in client.client_parameters()}
+        real = sum(p.numel() for p in client.model.parameters() if p.device.type != "meta")
+        assert real == sum(p.numel() for p in client.client_parameters())
+
+
+def lm_folder(tmp_path):
+    folder = tmp_path / "lm"
+    folder.mkdir(exist_ok=True)
+    (folder / "train.txt").write_text("\n".join(t for t, _ in make_sentences(400)) + "\n")
+    (folder / "test.txt").write_text("\n".join(t for t, _ in make_sentences(60, seed=5)) + "\n")
+    return folder
+
+
+def test_fedbert_table2_cost_model_matches_the_measured_bytes(tmp_path):
+    """Per client and epoch, split learning sends 4pL (activations up and down at both cuts, p batches of
+    activation size L); the server exchanges N * 4pL; FedAvg sends 2|W| per client. Measured = model +
+    the padding mask and message headers, which the paper's model leaves out."""
+    folder = lm_folder(tmp_path)
+    raw = tiny_config(tmp_path, folder)
+    raw["data"] = {"source": str(folder), "format": "txt"}
+    raw["task"] = "mlm"
+    raw["partition"] = {"kind": "iid", "num_clients": 3}
+    raw["model"]["max_length"] = 16
+    raw["protocol"]["rounds"] = 1
+    raw["split"] = {"trunk_mode": "sequential", "client_parts": "local"}
+    run_single(validate(raw), folder, tmp_path / "split")
+    record = read_metrics(tmp_path / "split")[-1]
+    prep = prepare(validate(raw), folder)
+    hidden, batch_size = 64, raw["train"]["batch_size"]
+    per_client = record["bytes_by_client"]
+    assert len(per_client) == 3
+    for cid, measured in per_client.items():
+        n = len(prep.client_train[int(cid)])
+        sizes = [min(batch_size, n - i) for i in range(0, n, batch_size)]  # p batches, the last maybe smaller
+        four_p_l = 4 * sum(b * 16 * hidden * 4 for b in sizes)
+        total = measured["up"] + measured["down"]
+        assert four_p_l <= total <= 1.10 * four_p_l, (cid, total, four_p_l)
+        mask = sum(b * 16 * 8 for b in sizes)  # int64 padding mask, forward only
+        assert total - four_p_l - mask < 400 * len(sizes)  # + message headers
+    server = record["bytes_up_boundary"] + record["bytes_down_boundary"]
+    assert server == sum(m["up"] + m["down"] for m in per_client.values())  # N * 4pL (+ the same overheads)
+    raw.pop("split")
+    run_single(validate(raw), folder, tmp_path / "fedavg")
+    fedavg = read_metrics(tmp_path / "fedavg")[-1]
+    w = sum(4 * t.numel() for t in final_global(tmp_path / "fedavg").values())
+    assert fedavg["bytes_up"] + fedavg["bytes_down"] == 3 * 2 * w  # FedAvg: 2|W| per client
+
+
+# ------------------------------------------------------------------------------------- runs and errors
+
+
+@pytest.mark.parametrize(("family", "task", "auto_class", "split"), [
+    ("roberta", "mlm", AutoModelForMaskedLM, {"trunk_mode": "sequential", "client_parts": "share"}),
+    ("gpt2", "clm", AutoModelForCausalLM,
+     {"trunk_mode": "client_batch", "client_parts": "average", "bottom_blocks": 1, "top_blocks": 1}),
+    ("llama", "clm", AutoModelForCausalLM, {"trunk_mode": "parallel", "client_parts": "average_bottom"}),
+])
+def test_lm_pretraining_by_split_learning_improves_and_saves_a_plain_transformers_model(
+        tmp_path, family, task, auto_class, split):
+    folder = lm_folder(tmp_path)
+    raw = tiny_config(tmp_path, folder)
+    raw["data"] = {"source": str(folder), "format": "txt"}
+    raw["task"] = task
+    raw["model"] = {"family": family, "preset": "tiny", "vocab_size": 200, "max_length": 16,
+                    "overrides": {"num_hidden_layers": 3} if family != "gpt2" else {"n_layer": 3}}
+    raw["partition"] = {"kind": "iid", "num_clients": 3}
+    raw["protocol"]["rounds"] = 2
+    raw["split"] = split
+    run_single(validate(raw), folder, tmp_path / "run")
+    records = read_metrics(tmp_path / "run")
+    key = "test_perplexity" if "test_perplexity" in records[-1] else "test_perplexity_mean"
+    assert records[-1][key] < 0.7 * records[0][key]
+    assert records[-1]["bytes_up_boundary"] > 0 and "bytes_by_client" in records[-1]
+    for name in ("config.yaml", "metrics.jsonl", "sharing.json"):
+        assert (tmp_path / "run" / name).is_file()
+    loaded = auto_class.from_pretrained(tmp_path / "run" / "model")
+    assert loaded.config.model_type == family
+
+
+def test_split_runs_resume_from_their_last_round(tmp_path, tiny_csv):
+    raw = split_config(tmp_path, tiny_csv, trunk_mode="sequential", client_parts="average_bottom")
+    raw["protocol"]["rounds"] = 2
+    run_single(validate(raw), tiny_csv, tmp_path / "whole")
+    raw["protocol"]["rounds"] = 1
+    run_single(validate(raw), tiny_csv, tmp_path / "cut")
+    config = validate(raw)
+    config = config.model_copy(update={"protocol": config.protocol.model_copy(update={"rounds": 2})})
+    run_single(config, tiny_csv, tmp_path / "cut", resume=True)
+    whole, resumed = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "cut")
+    assert [r["round"] for r in resumed] == [0, 1, 2]
+    assert resumed[-1]["train_loss"] == pytest.approx(whole[-1]["train_loss"], rel=1e-6)
+
+
+def test_split_config_errors_are_one_line(tmp_path, tiny_csv):
+    raw = split_config(tmp_path, tiny_csv, trunk_mode="sequential")
+    raw["protocol"]["kind"] = "fedprox"
+    with pytest.raises(UserError, match="split learning averages with FedAvg"):
+        validate(raw)
+    raw = split_config(tmp_path, tiny_csv)
+    raw["sharing"] = {"critical_layer": 1}
+    with pytest.raises(UserError, match="remove the sharing section"):
+        validate(raw)
+    raw = split_config(tmp_path, tiny_csv, trunk_mode="diagonal")
+    with pytest.raises(UserError, match=r"split\.trunk_mode"):
+        validate(raw)
+    raw = split_config(tmp_path, tiny_csv, bottom_blocks=1, top_blocks=1)  # tiny has 2 blocks: no trunk left
+    with pytest.raises(UserError, match="the server trunk needs at least one block"):
+        run_single(validate(raw), tiny_csv, tmp_path / "bad")
+
+
+def test_copy_for_a_client_has_real_client_parts_and_a_meta_trunk():
+    tokenizer = build_tokenizer(None, "gpt2", [t for t, _ in make_sentences(40)], 200)
+    model = build_model("gpt2", "tiny", "clm", tokenizer, seed=0)
+    split = SplitModel(model, Cut(1, 0))
+    client = client_copy(split)
+    assert all(p.device.type == "meta" for p in client.trunk_parameters())
+    for ours, theirs in zip(client.client_parameters(), split.client_parameters(), strict=True):
+        assert torch.equal(ours, theirs) and ours is not theirs
+    assert client.model.lm_head.weight is client.model.transformer.wte.weight  # ties survive the copy
+    json.dumps(dataclasses.asdict(split.cut))
