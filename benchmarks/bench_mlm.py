@@ -32,7 +32,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.tasks.mlm import MaskedLMTask, mlm_head
+from fedlm.models.heads import mlm_head
+from fedlm.tasks.mlm import MaskedLMTask
 
 BERT_SMALL = {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "intermediate_size": 2048}
 SEQ, BATCH, VOCAB = 128, 32, 30_522

@@ -130,7 +130,8 @@ class BatchingTrunkBackend(TrunkBackend):
         acts = [self._forwards[cid][1] for cid in order]
         combined = concat_activations(acts)
         received = Activations.from_dict({k: t.to(self._device) for k, t in combined.to_dict().items()}).detached()
-        output = self.trunk(received).hidden
+        with torch.enable_grad():  # grad mode is per thread: an in-process caller may be under no_grad
+            output = self.trunk(received).hidden
         shapes = {cid: tuple(a.hidden.shape[:2]) for cid, a in zip(order, acts, strict=True)}
         self._group = _Group(order, {cid: self._forwards[cid][0] for cid in order}, shapes, received.hidden, output)
         start = 0

@@ -162,7 +162,8 @@ class TrunkBackend:
                 )
             received = Activations.from_dict({name: t.to(self._device) for name, t in acts.to_dict().items()})
             received = received.detached()
-            output = self.trunk(received).hidden
+            with torch.enable_grad():  # grad mode is per thread: an in-process caller may be under no_grad
+                output = self.trunk(received).hidden
             self._pending[key] = _Pending(received.hidden, output)
             return {"hidden": output.detach().cpu()}
 
