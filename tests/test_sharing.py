@@ -224,6 +224,6 @@ def test_downstream_on_a_personalized_run_is_refused_before_any_training(tmp_pat
     raw = tiny_config(tmp_path, tiny_csv)
     raw["sharing"] = {"critical_layer": 1}
     raw["downstream"] = {"again": {"data.source": str(tiny_csv)}}
-    with pytest.raises(UserError, match="downstream fine-tuning needs one global model"):
+    with pytest.raises(UserError, match="downstream fine-tuning needs one global encoder"):
         run_single(validate(raw), tiny_csv, tmp_path / "refused")
     assert not (tmp_path / "refused" / "metrics.jsonl").exists()

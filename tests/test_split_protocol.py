@@ -370,3 +370,20 @@ def test_copy_for_a_client_has_real_client_parts_and_a_meta_trunk():
         assert torch.equal(ours, theirs) and ours is not theirs
     assert client.model.lm_head.weight is client.model.transformer.wte.weight  # ties survive the copy
     json.dumps(dataclasses.asdict(split.cut))
+
+
+def test_emdavg_keeps_only_pretraining_heads_local_so_its_encoder_can_be_fine_tuned(tmp_path, tiny_csv):
+    """EmdAvg's clients keep their MLM heads; fine-tuning replaces heads, so the shared encoder is the model."""
+    raw = split_config(tmp_path, tiny_csv, trunk_mode="sequential", client_parts="average_bottom")
+    raw["task"] = "mlm"
+    raw["protocol"]["rounds"] = 1
+    raw["downstream"] = {"sentiment": {"data.source": str(tiny_csv), "task": "classification",
+                                       "data.columns": {"text": "sentence", "label": "sentiment"},
+                                       "protocol.kind": "centralized", "protocol.rounds": 1}}
+    row = run_single(validate(raw), tiny_csv, tmp_path / "emdavg")
+    assert 0 <= row["sentiment accuracy"] <= 1
+    assert (tmp_path / "emdavg" / "model" / "config.json").is_file()
+    assert (tmp_path / "emdavg" / "model" / "client_1" / "config.json").is_file()
+    raw["split"]["client_parts"] = "local"  # embeddings stay on the clients: no single encoder
+    with pytest.raises(UserError, match="needs one global encoder"):
+        run_single(validate(raw), tiny_csv, tmp_path / "local")
