@@ -3,8 +3,6 @@ crosses the boundary, FedBERT's Table 2 cost model, and runs for MLM, CLM and cl
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -369,7 +367,6 @@ def test_copy_for_a_client_has_real_client_parts_and_a_meta_trunk():
     for ours, theirs in zip(client.client_parameters(), split.client_parameters(), strict=True):
         assert torch.equal(ours, theirs) and ours is not theirs
     assert client.model.lm_head.weight is client.model.transformer.wte.weight  # ties survive the copy
-    json.dumps(dataclasses.asdict(split.cut))
 
 
 def test_emdavg_keeps_only_pretraining_heads_local_so_its_encoder_can_be_fine_tuned(tmp_path, tiny_csv):

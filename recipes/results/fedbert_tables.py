@@ -13,7 +13,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 from fedlm.experiment import downstream_scores, slug
 from fedlm.models.split import Cut, SplitModel
 from fedlm.recorder import read_metrics
-from fedlm.report import summarize
 
 METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share", "method=EmdAvg",
            "method=Head-Emd Avg", "method=Parallel FedAvg", "Single client"]
@@ -45,14 +44,12 @@ def main(root: Path) -> None:
         if not run_dir.is_dir():
             continue
         records = read_metrics(run_dir)
-        key = "perplexity" if "test_perplexity" in records[-1] else "perplexity_mean"
-        summary = summarize(records, key if key == "perplexity" else "perplexity", "min")
         final = records[-1].get("test_perplexity", records[-1].get("test_perplexity_mean"))
         start = records[0].get("test_perplexity", records[0].get("test_perplexity_mean"))
-        trained = f"{start:.0f} -> {final:.1f}" if summary["rounds"] else f"{start:.0f} (no training)"
+        trained_rounds = [r for r in records if r["round"] > 0]
+        trained = f"{start:.0f} -> {final:.1f}" if trained_rounds else f"{start:.0f} (no training)"
         scores = downstream_scores(run_dir) if cols else {}
         cells = [f"{scores[k]:.3f}" if k in scores else "-" for k, _ in cols]
-        trained_rounds = [r for r in records if r["round"] > 0]
         clients = max(len(trained_rounds[-1]["clients"]), 1) if trained_rounds else 1
         if trained_rounds and trained_rounds[-1]["bytes_up"]:
             up = sum(r["bytes_up"] for r in trained_rounds) / len(trained_rounds) / clients / 1e6

@@ -95,6 +95,16 @@ def make_client_store(initial: NamedTensors, num_clients: int, where: str, memor
     return ClientStore(initial, memory_path)
 
 
+def client_failure(client_id: int, exc: BaseException) -> ClientFailure:
+    """How a client's exception is reported: timeouts and non-finite updates by name, anything else as a crash."""
+    if isinstance(exc, ClientTimeout):
+        return ClientFailure(client_id, f"timeout: {exc}")
+    if isinstance(exc, NonFiniteUpdate):
+        return ClientFailure(client_id, f"non-finite update: {exc}")
+    log.debug("client %d crashed", client_id, exc_info=exc)
+    return ClientFailure(client_id, f"exception: {type(exc).__name__}: {exc}")
+
+
 class InProcessExecutor:
     """Runs the sampled clients one after another in this process, catching each client's failure."""
 
@@ -122,12 +132,7 @@ class InProcessExecutor:
         try:
             report, local = self.fit_fn(self.model, self.task, self.client_rows[job.client_id], job,
                                         self.codec, self.store.get(job.client_id), self.local_names)
-        except ClientTimeout as exc:
-            return ClientFailure(job.client_id, f"timeout: {exc}")
-        except NonFiniteUpdate as exc:
-            return ClientFailure(job.client_id, f"non-finite update: {exc}")
         except Exception as exc:  # a client's crash must not take the round down
-            log.debug("client %d crashed", job.client_id, exc_info=True)
-            return ClientFailure(job.client_id, f"exception: {type(exc).__name__}: {exc}")
+            return client_failure(job.client_id, exc)
         self.store.put(job.client_id, local)
         return report

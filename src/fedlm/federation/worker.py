@@ -40,6 +40,17 @@ def frozen(model: torch.nn.Module, names: Sequence[str]) -> Iterator[None]:
             p.requires_grad_(True)
 
 
+def finite_update(model: torch.nn.Module, names: Sequence[str], metrics: dict[str, float]) -> NamedTensors:
+    """Snapshot the parameters a client is about to send, refusing NaN/Inf in its loss or in them."""
+    if not math.isfinite(metrics["train_loss"]):
+        raise NonFiniteUpdate(f"train loss is {metrics['train_loss']}")
+    shared = snapshot(model, list(names))
+    bad = all_finite(shared)
+    if bad is not None:
+        raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
+    return shared
+
+
 def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: ClientJob, codec: Codec,
                local_state: NamedTensors | None, local_names: list[str]) -> tuple[ClientReport, NamedTensors]:
     """Run one client's round; returns what it uploads and its new local state."""
@@ -53,12 +64,7 @@ def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: Cli
     anchor = {n: received[n] for n in trained} if job.settings.mu > 0 else None
     with frozen(model, job.frozen):
         metrics = train_locally(model, task, rows, job.settings, seed=job.seed, anchor=anchor, deadline=deadline)
-    if not math.isfinite(metrics["train_loss"]):
-        raise NonFiniteUpdate(f"train loss is {metrics['train_loss']}")
-    shared = snapshot(model, trained)
-    bad = all_finite(shared)
-    if bad is not None:
-        raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
+    shared = finite_update(model, trained, metrics)
     encoded = codec.encode(shared)
     update = ClientUpdate(job.client_id, len(rows), codec.decode(encoded), metrics)
     return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), snapshot(model, local_names)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlm.models.split import Activations
-from fedlm.split.transport import RejectedMessage, TrunkBackend, _check_finite, _check_step
+from fedlm.split.transport import RejectedMessage, TrunkBackend, _check_grad, _check_step
 
 __all__ = ["BatchingTrunkBackend", "concat_activations"]
 
@@ -96,14 +96,7 @@ class BatchingTrunkBackend(TrunkBackend):
                 raise RejectedMessage(f"no forward of client {client_id} step {step} awaits backward")
             if client_id in group.grads:
                 raise RejectedMessage(f"client {client_id} already sent the backward of step {step}")
-            batch, seq = group.shapes[client_id]
-            expected = (batch, seq, self.hidden_size)
-            if not isinstance(grad, Tensor) or tuple(grad.shape) != expected:
-                got = tuple(grad.shape) if isinstance(grad, Tensor) else type(grad).__name__
-                raise RejectedMessage(f"grad has shape {got}, the trunk output of step {step} has {expected}")
-            if grad.dtype != group.output.dtype:
-                raise RejectedMessage(f"grad is {grad.dtype}, the trunk output is {group.output.dtype}")
-            _check_finite("grad", grad)
+            _check_grad(grad, step, (*group.shapes[client_id], self.hidden_size), group.output.dtype)
             group.grads[client_id] = grad
             self._fire_backward()
             if not self._cond.wait_for(lambda: client_id in self._backward_answers, self.timeout_s):

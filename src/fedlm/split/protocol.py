@@ -24,8 +24,6 @@ turn, or per round in ``client_batch`` mode), so a one-client split run equals o
 from __future__ import annotations
 
 import copy
-import logging
-import math
 import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -40,16 +38,15 @@ from fedlm.errors import UserError
 from fedlm.federation.client import ClientTimeout, LocalSettings, batch_order, make_optimizer
 from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
-from fedlm.federation.params import NamedTensors, all_finite, load_into, snapshot
+from fedlm.federation.params import NamedTensors, load_into, snapshot
 from fedlm.federation.sharing import SharingPolicy
-from fedlm.federation.simulation import ClientStore
+from fedlm.federation.simulation import ClientStore, client_failure
 from fedlm.federation.strategies import ClientUpdate
+from fedlm.federation.worker import finite_update
 from fedlm.models.split import Activations, Cut, SplitModel
 from fedlm.split.client_batch import BatchingTrunkBackend
 from fedlm.split.transport import InProcessTransport, MessageHook, Transport, TrunkBackend
 from fedlm.tasks.base import model_inputs
-
-log = logging.getLogger("fedlm")
 
 TRUNK_MODES = ("sequential", "parallel", "client_batch")
 CLIENT_PARTS = ("share", "average_bottom", "average", "local")
@@ -264,7 +261,7 @@ class SplitExecutor:
             metrics = drive(self._steps(client, job), transport)
             return self._report(job, client, metrics, transport)
         except Exception as exc:
-            return _failure(job.client_id, exc)
+            return client_failure(job.client_id, exc)
         finally:
             transport.close()
 
@@ -286,7 +283,7 @@ class SplitExecutor:
                     raise outcome
                 results.append(self._report(job, clients[job.client_id], outcome, transports[job.client_id]))
             except Exception as exc:
-                results.append(_failure(job.client_id, exc))
+                results.append(client_failure(job.client_id, exc))
             if self.progress is not None:
                 self.progress(job.client_id)
         return results
@@ -294,12 +291,7 @@ class SplitExecutor:
     def _report(self, job: ClientJob, client: SplitModel, metrics: dict[str, float],
                 transport: Transport) -> ClientReport:
         """Encode the client's shared parts for upload; keep its local parts; add the trunk copy (parallel)."""
-        if not math.isfinite(metrics["train_loss"]):
-            raise FloatingPointError(f"train loss is {metrics['train_loss']}")
-        shared = snapshot(client.model, self.parts.shared)
-        bad = all_finite(shared)
-        if bad is not None:
-            raise FloatingPointError(f"parameter {bad} holds NaN or Inf")
+        shared = finite_update(client.model, self.parts.shared, metrics)
         encoded = self.codec.encode(shared)
         params: NamedTensors = {}
         if self.client_parts == "share":
@@ -356,12 +348,3 @@ class LoopbackGrpc:
 
     def close(self) -> None:
         self.server.stop(grace=1.0)
-
-
-def _failure(client_id: int, exc: BaseException) -> ClientFailure:
-    if isinstance(exc, ClientTimeout):
-        return ClientFailure(client_id, f"timeout: {exc}")
-    if isinstance(exc, FloatingPointError):
-        return ClientFailure(client_id, f"non-finite update: {exc}")
-    log.debug("client %d crashed", client_id, exc_info=exc)
-    return ClientFailure(client_id, f"exception: {type(exc).__name__}: {exc}")

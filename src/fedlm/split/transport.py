@@ -178,13 +178,7 @@ class TrunkBackend:
                     f"no forward of client {client_id} step {step} awaits backward (never sent, already used, "
                     "or dropped because the trunk stepped since; run the forward again)"
                 )
-            expected = tuple(pending.output.shape)
-            if not isinstance(grad, Tensor) or tuple(grad.shape) != expected:
-                got = tuple(grad.shape) if isinstance(grad, Tensor) else type(grad).__name__
-                raise RejectedMessage(f"grad has shape {got}, the trunk output of step {step} has {expected}")
-            if grad.dtype != pending.output.dtype:
-                raise RejectedMessage(f"grad is {grad.dtype}, the trunk output is {pending.output.dtype}")
-            _check_finite("grad", grad)
+            _check_grad(grad, step, tuple(pending.output.shape), pending.output.dtype)
             del self._pending[key]
             pending.output.backward(grad.to(self._device))
             self._step()
@@ -240,6 +234,16 @@ def _check_step(step: int) -> int:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise RejectedMessage(f"step must be an integer >= 0, got {step!r}")
     return step
+
+
+def _check_grad(grad: Tensor, step: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """A backward's gradient must match the trunk output it answers: shape, dtype, finite values."""
+    if not isinstance(grad, Tensor) or tuple(grad.shape) != shape:
+        got = tuple(grad.shape) if isinstance(grad, Tensor) else type(grad).__name__
+        raise RejectedMessage(f"grad has shape {got}, the trunk output of step {step} has {shape}")
+    if grad.dtype != dtype:
+        raise RejectedMessage(f"grad is {grad.dtype}, the trunk output is {dtype}")
+    _check_finite("grad", grad)
 
 
 def _check_finite(name: str, tensor: Tensor) -> None:
