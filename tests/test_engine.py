@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fedlm.config import validate
+from fedlm.errors import UserError
 from fedlm.experiment import prepare, run_single
 from fedlm.federation.client import LocalSettings, batch_order, local_seed
 from fedlm.federation.codecs import get_codec
@@ -19,7 +20,7 @@ from fedlm.federation.simulation import ClientStore, InProcessExecutor
 from fedlm.federation.strategies import FedAvg, FedProx
 from fedlm.federation.worker import fit_client
 from fedlm.recorder import read_metrics
-from tests.conftest import tiny_config
+from tests.conftest import make_sentences, tiny_config
 
 
 def _engine(prep, strategy, clients_per_round, fit_fn=fit_client, rounds=1, min_clients=1, timeout=None,
@@ -209,3 +210,18 @@ def test_downstream_fine_tunes_the_saved_model_and_rounds_zero_is_the_starting_m
     assert row["sentiment accuracy"] == fine[-1]["test_accuracy"]
     sub_config = (tmp_path / "pre" / "downstream" / "sentiment" / "config.yaml").read_text()
     assert f"checkpoint: {tmp_path / 'pre' / 'model'}" in sub_config
+
+
+def test_mask_rate_reaches_the_mlm_task_and_is_refused_elsewhere(tmp_path, tiny_csv):
+    folder = tmp_path / "lm"
+    folder.mkdir()
+    for split, seed in (("train", 0), ("test", 5)):
+        (folder / f"{split}.txt").write_text("\n".join(t for t, _ in make_sentences(40, seed=seed)) + "\n")
+    raw = tiny_config(tmp_path, folder) | {"task": "mlm"}
+    raw["data"] = {"source": str(folder), "format": "txt"}
+    raw["train"] = raw["train"] | {"mask_rate": 0.4}
+    assert prepare(validate(raw), folder).task.mask_rate == 0.4
+    classifier = tiny_config(tmp_path, tiny_csv)
+    classifier["train"] = classifier["train"] | {"mask_rate": 0.4}
+    with pytest.raises(UserError, match=r"train\.mask_rate is for masked LM"):
+        prepare(validate(classifier), tiny_csv)

@@ -179,6 +179,20 @@ def test_mask_tokens_is_reproducible_per_generator():
     assert not torch.equal(draw(5)[1], draw(6)[1])
 
 
+def test_mask_rate_sets_training_share_and_evaluation_keeps_bert_rate(tokenizers):
+    tok = tokenizers["roberta"]
+    rows = [{"input_ids": [tok.cls_token_id, *range(10, 210), tok.sep_token_id]} for _ in range(50)]
+    task = get_task("mlm", tok, mask_rate=0.4)
+
+    def share(batch) -> float:
+        return float((batch["labels"] != IGNORE_INDEX).float().mean())
+
+    assert share(task.collate(rows, torch.Generator().manual_seed(0))) == pytest.approx(0.4, abs=0.01)
+    assert share(task.eval_collate(rows, torch.Generator().manual_seed(0))) == pytest.approx(0.15, abs=0.01)
+    with pytest.raises(UserError, match="mask_rate"):
+        get_task("mlm", tok, mask_rate=1.5)
+
+
 # ----------------------------------------------------------------------------------------------------- CLM
 
 

@@ -30,7 +30,7 @@ from fedlm.models.split import Cut, SplitModel
 from fedlm.recorder import RunRecorder, read_metrics
 from fedlm.report import markdown_table, plot_grid, plot_run, summarize
 from fedlm.split.protocol import SplitExecutor, split_parts
-from fedlm.tasks import get_task
+from fedlm.tasks import MaskedLMTask, get_task
 
 log = logging.getLogger("fedlm")
 DECODERS = ("gpt2", "llama")
@@ -109,7 +109,9 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     num_labels = len(loaded.label_names) if loaded.label_names else None
     model = build_model(config.model.family, config.model.preset, task_name, tokenizer, num_labels=num_labels,
                         checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed)
-    task = get_task(task_name)
+    if task_name != "mlm" and config.train.mask_rate != MaskedLMTask.default_mask_rate:
+        raise UserError(f"train.mask_rate is for masked LM, but the task is {task_name}: remove train.mask_rate")
+    task = get_task(task_name, mask_rate=config.train.mask_rate) if task_name == "mlm" else get_task(task_name)
     max_len = config.model.max_length
     test_ds = task.preprocess(loaded.splits["test"], tokenizer, max_len)
     return Prepared(

@@ -55,6 +55,10 @@ class Task(ABC):
     def collate(self, rows: list[dict], generator: torch.Generator) -> Batch:
         """Pad ``rows`` into a batch; any randomness draws from ``generator`` only."""
 
+    def eval_collate(self, rows: list[dict], generator: torch.Generator) -> Batch:
+        """``collate`` for evaluation; differs where training corrupts inputs at a configurable rate."""
+        return self.collate(rows, generator)
+
     @abstractmethod
     def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
         """Mean loss over the batch's target units, and the number of units."""
@@ -89,9 +93,8 @@ class Task(ABC):
         model.eval()
         try:
             with torch.no_grad():
-                parts = [
-                    self._eval_batch(model, self.collate(rows, generator)) for rows in iter_rows(dataset, batch_size)
-                ]
+                batches = (self.eval_collate(rows, generator) for rows in iter_rows(dataset, batch_size))
+                parts = [self._eval_batch(model, batch) for batch in batches]
         finally:
             model.train(was_training)
         return self._summarize(parts)
