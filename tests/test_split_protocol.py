@@ -253,6 +253,23 @@ def test_boundary_carries_no_ids_or_labels_and_clients_hold_no_trunk(setup, tran
         assert real == sum(p.numel() for p in client.client_parameters())
 
 
+@pytest.mark.parametrize("transport", ["inprocess", "grpc"])
+def test_activation_dtype_puts_the_boundary_in_16_bits(setup, transport):
+    sizes, dtypes = {}, {}
+    for precision in ("float32", "bfloat16"):
+        log = MessageLog()
+        executor, start = make_executor(setup, "sequential", "average", transport=transport, hook=log,
+                                        activation_dtype=precision)
+        try:
+            reports = run_round(executor, start, [0, 1])
+        finally:
+            executor.close()
+        dtypes[precision] = {d for m in log.messages for n, (d, _) in m.tensors.items() if n in ("hidden", "grad")}
+        sizes[precision] = sum(r.boundary_up + r.boundary_down for r in reports)
+    assert dtypes == {"float32": {"float32"}, "bfloat16": {"bfloat16"}}
+    assert 0.5 * sizes["float32"] < sizes["bfloat16"] < 0.6 * sizes["float32"]  # + masks and headers
+
+
 def lm_folder(tmp_path):
     folder = tmp_path / "lm"
     folder.mkdir(exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import struct
 import time
@@ -254,6 +255,59 @@ def test_step_through_both_transports_equals_the_direct_step(model, batch, certs
     grad_bytes = hidden.numel() * 4 + wire.header_length(wire.encode({"grad": hidden}))
     hidden_bytes = hidden.numel() * 4 + wire.header_length(wire.encode({"hidden": hidden}))
     assert counts["grpc"] == (forward_bytes + grad_bytes, hidden_bytes + grad_bytes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_16_bit_boundary_halves_the_activation_bytes_and_keeps_the_step(model, batch, certs, dtype):
+    """Activations and gradients cross in 16 bits both ways; the trunk still computes in float32; the step
+    matches the float32 step up to 16-bit rounding; the bytes saved are exactly 2 per value crossed."""
+    name = str(dtype).removeprefix("torch.")
+    results = {}
+    for transport_name in ("in-process", "grpc"):
+        for wire_dtype in (torch.float32, dtype):
+            client = SplitModel(copy.deepcopy(model), Cut(1, 1))
+            server_split, backend = _server(model)
+            log = MessageLog()
+            server = _tls_server(backend, certs) if transport_name == "grpc" else None
+            try:
+                transport = (InProcessTransport(backend, "alice", hook=log, wire_dtype=wire_dtype) if server is None
+                             else _client(server, "alice", certs, hook=log, wire_dtype=wire_dtype))
+                torch.manual_seed(11)
+                loss = _transport_step(client, transport, batch)
+                transport.close()
+            finally:
+                if server is not None:
+                    server.stop(grace=None)
+            values = sum(math.prod(shape) for m in log.messages for n, (_, shape) in m.tensors.items()
+                         if n in ("hidden", "grad"))
+            floats = {dtype_name for m in log.messages for n, (dtype_name, _) in m.tensors.items()
+                      if n in ("hidden", "grad")}
+            params = {**_snapshot(server_split.trunk), **dict(zip(
+                client.client_parameter_names(), [p.detach().clone() for p in client.client_parameters()],
+                strict=True))}
+            results[transport_name, wire_dtype] = (loss, params, transport, values, floats)
+        loss32, params32, full, values, floats32 = results[transport_name, torch.float32]
+        loss16, params16, half, values16, floats16 = results[transport_name, dtype]
+        assert floats32 == {"float32"} and floats16 == {name} and values == values16
+        assert all(p.dtype == torch.float32 for p in server_split.trunk.parameters())
+        torch.testing.assert_close(loss16, loss32, rtol=0, atol=2e-2)
+        for key in params32:
+            torch.testing.assert_close(params16[key], params32[key], rtol=0, atol=2e-2, msg=key)
+        headers = 4 * len(name) - 4 * len("float32")  # the dtype's name in each of the 4 headers
+        saved = (full.bytes_sent + full.bytes_received) - (half.bytes_sent + half.bytes_received)
+        assert saved == 2 * values - headers
+        assert half.bytes_sent + half.bytes_received < 0.6 * (full.bytes_sent + full.bytes_received)
+
+
+def test_a_message_mixing_float_dtypes_is_refused(model, batch):
+    from fedlm.split.transport import handle_request
+
+    _, backend = _server(model)
+    hidden = torch.zeros(*batch["input_ids"].shape, HIDDEN)
+    payload = wire.encode({"hidden": hidden.half(), "attention_mask": batch["attention_mask"],
+                           "position_ids": torch.zeros(1, hidden.shape[1]).float()})
+    with pytest.raises(RejectedMessage, match="mixes floating-point dtypes"):
+        handle_request(backend, "alice", "forward", 0, payload)
 
 
 def test_forward_bytes_sent_is_the_serialised_size(model, batch):

@@ -130,6 +130,9 @@ class SplitConfig(_Section):
                                "(EmdAvg) | both averaged (Head-Emd Avg) | never shared")
     transport: Literal["inprocess", "grpc"] = Field(
         "inprocess", description="grpc: a loopback TLS trunk server, every message over the network stack")
+    activation_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="precision of the activations and gradients crossing the boundary (16 bits halve "
+                               "its bytes; bfloat16 keeps float32's range, float16 three more bits of mantissa)")
 
 
 class EvalConfig(_Section):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import torch
 import yaml
 
 from fedlm.errors import UserError
@@ -253,6 +254,9 @@ def load_tokens(path: str | Path) -> dict[str, str]:
 class GrpcTransport(_ClientSide):
     """A client's session with a remote trunk: each ``forward``/``backward`` waits at most ``timeout_s``.
 
+    ``wire_dtype`` (float16 / bfloat16) sends activations and gradients at 16 bits, halving the boundary's
+    bytes; the trunk computes in its own precision and answers in the one it was asked in.
+
     ``root_cert_pem`` (the server's CA) turns TLS on, ``client_cert`` (cert PEM, key PEM) adds mutual TLS;
     without ``root_cert_pem`` the channel is plaintext, for loopback or trusted networks only. After a
     failure (refused session, lost connection, timeout) every later call raises the same TransportError.
@@ -269,8 +273,9 @@ class GrpcTransport(_ClientSide):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         timeout_s: float = 60.0,
         hook: MessageHook | None = None,
+        wire_dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__(client_id, hook)
+        super().__init__(client_id, hook, wire_dtype)
         self.address = address
         self._timeout_s = timeout_s
         options = _size_options(max_message_bytes)

@@ -45,7 +45,7 @@ from fedlm.federation.strategies import ClientUpdate
 from fedlm.federation.worker import finite_update
 from fedlm.models.split import Activations, Cut, SplitModel
 from fedlm.split.client_batch import BatchingTrunkBackend
-from fedlm.split.transport import InProcessTransport, MessageHook, Transport, TrunkBackend
+from fedlm.split.transport import WIRE_DTYPES, InProcessTransport, MessageHook, Transport, TrunkBackend
 from fedlm.tasks.base import model_inputs
 
 TRUNK_MODES = ("sequential", "parallel", "client_batch")
@@ -179,7 +179,7 @@ class SplitExecutor:
     def __init__(self, model: torch.nn.Module, cut: Cut, trunk_mode: str, client_parts: str, task: Any,
                  client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore, settings: LocalSettings,
                  *, transport: str = "inprocess", hook: MessageHook | None = None,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, activation_dtype: str = "float32") -> None:
         if trunk_mode not in TRUNK_MODES:
             raise UserError(f"split.trunk_mode = {trunk_mode!r}; choose one of {', '.join(TRUNK_MODES)}")
         self.server = SplitModel(model, cut)
@@ -199,7 +199,9 @@ class SplitExecutor:
                                      lambda params: make_optimizer(params, settings),
                                      max_grad_norm=settings.max_grad_norm)
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fedlm-split")
-        self._connect = self._transports(transport, hook)
+        if activation_dtype not in WIRE_DTYPES:
+            raise UserError(f"split.activation_dtype = {activation_dtype!r}; choose one of {', '.join(WIRE_DTYPES)}")
+        self._connect = self._transports(transport, hook, WIRE_DTYPES[activation_dtype])
 
     # ------------------------------------------------------------------------------------- engine hooks
 
@@ -316,11 +318,11 @@ class SplitExecutor:
         if self.trunk_mode != "parallel":
             last.update(snapshot(self.server.model, self.parts.trunk))
 
-    def _transports(self, kind: str, hook: MessageHook | None) -> TransportFactory:
+    def _transports(self, kind: str, hook: MessageHook | None, wire_dtype: torch.dtype) -> TransportFactory:
         if kind == "inprocess":  # the hook sees each message as the client sends and receives it
-            return lambda client_id: InProcessTransport(self.backend, client_id, hook=hook)
+            return lambda client_id: InProcessTransport(self.backend, client_id, hook=hook, wire_dtype=wire_dtype)
         if kind == "grpc":
-            return LoopbackGrpc(self.backend, sorted(map(str, self.client_rows)), hook)
+            return LoopbackGrpc(self.backend, sorted(map(str, self.client_rows)), hook, wire_dtype)
         raise UserError(f"split.transport = {kind!r}; choose inprocess or grpc")
 
 
@@ -330,12 +332,14 @@ class LoopbackGrpc:
     Every boundary message crosses the real gRPC stack (serialisation, TLS, HTTP/2), in one process; the
     hook sees each message as the server receives and answers it."""
 
-    def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None) -> None:
+    def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None,
+                 wire_dtype: torch.dtype = torch.float32) -> None:
         from fedlm.split.certs import throwaway_certificates
         from fedlm.split.grpc_transport import serve_trunk
 
         self._certs = throwaway_certificates("localhost")
         self._tokens = {cid: secrets.token_hex(16) for cid in client_ids}
+        self._wire_dtype = wire_dtype
         self.server = serve_trunk(backend, "localhost:0", tokens=self._tokens,
                                   tls=(self._certs["server_cert"], self._certs["server_key"]),
                                   max_sessions=max(16, len(client_ids) + 4), hook=hook)
@@ -344,7 +348,7 @@ class LoopbackGrpc:
         from fedlm.split.grpc_transport import GrpcTransport
 
         return GrpcTransport(f"localhost:{self.server.port}", client_id, self._tokens[client_id],
-                             root_cert_pem=self._certs["ca"], timeout_s=600.0)
+                             root_cert_pem=self._certs["ca"], timeout_s=600.0, wire_dtype=self._wire_dtype)
 
     def close(self) -> None:
         self.server.stop(grace=1.0)

@@ -46,6 +46,10 @@ __all__ = [
 log = logging.getLogger("fedlm")
 
 FORWARD_NAMES = ("hidden", "attention_mask", "position_ids")
+# Precisions activations and their gradients may cross the boundary in; the trunk computes in its own
+# dtype whatever the wire carries, and answers in the precision it was asked in.
+WIRE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16,
+                                       "bfloat16": torch.bfloat16}
 TO_SERVER, TO_CLIENT = "client->server", "server->client"
 KINDS = ("forward", "backward")
 
@@ -130,7 +134,7 @@ class TrunkBackend:
         self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(params)
         self.max_pending_per_client = max_pending_per_client
         self.max_grad_norm = max_grad_norm
-        self._dtype, self._device = params[0].dtype, params[0].device
+        self.compute_dtype, self._device = params[0].dtype, params[0].device
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._lock = threading.Lock()
 
@@ -205,8 +209,8 @@ class TrunkBackend:
             raise RejectedMessage(
                 f"hidden has shape {tuple(hidden.shape)}; expected (batch, seq, {self.hidden_size}), batch and seq >= 1"
             )
-        if hidden.dtype != self._dtype:
-            raise RejectedMessage(f"hidden is {hidden.dtype}; this trunk computes in {self._dtype}")
+        if hidden.dtype != self.compute_dtype:
+            raise RejectedMessage(f"hidden is {hidden.dtype}; this trunk computes in {self.compute_dtype}")
         _check_finite("hidden", hidden)
         batch, seq = hidden.shape[:2]
         mask = tensors.get("attention_mask")
@@ -264,6 +268,8 @@ def handle_request(
     tensors = wire.decode(payload)
     if hook is not None:
         hook(TO_SERVER, client_id, kind, wire.describe(tensors))
+    precision = _wire_precision(tensors)
+    tensors = _cast_floats(tensors, backend.compute_dtype)
     if kind == "forward":
         answer = backend.forward(client_id, step, tensors)
     elif kind == "backward":
@@ -272,9 +278,22 @@ def handle_request(
         answer = backend.backward(client_id, step, tensors["grad"])
     else:
         raise RejectedMessage(f"unknown message kind {kind!r} (expected {' or '.join(KINDS)})")
+    answer = _cast_floats(answer, precision)
     if hook is not None:
         hook(TO_CLIENT, client_id, kind, wire.describe(answer))
     return wire.encode(answer)
+
+
+def _wire_precision(tensors: Mapping[str, Tensor]) -> torch.dtype:
+    """The one floating-point dtype a message's tensors travel in (the answer goes back in it too)."""
+    floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(floats) > 1:
+        raise RejectedMessage(f"a message mixes floating-point dtypes {sorted(map(str, floats))}; send one")
+    return floats.pop() if floats else torch.float32
+
+
+def _cast_floats(tensors: Mapping[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
 
 
 # ------------------------------------------------------------------------------------------------ client
@@ -297,8 +316,11 @@ class Transport(Protocol):
 class _ClientSide(abc.ABC):
     """What both transports share: encoding, counting, hooks, and turning answers into client values."""
 
-    def __init__(self, client_id: str, hook: MessageHook | None) -> None:
+    def __init__(self, client_id: str, hook: MessageHook | None, wire_dtype: torch.dtype = torch.float32) -> None:
+        if wire_dtype not in WIRE_DTYPES.values():
+            raise ValueError(f"wire_dtype {wire_dtype} is not one of {', '.join(WIRE_DTYPES)}")
         self.client_id = client_id
+        self.wire_dtype = wire_dtype
         self.bytes_sent = 0
         self.bytes_received = 0
         self._hook = hook
@@ -315,6 +337,9 @@ class _ClientSide(abc.ABC):
         return self._call("backward", step, {"grad": grad}, expect="grad")
 
     def _call(self, kind: str, step: int, tensors: dict[str, Tensor], expect: str) -> Tensor:
+        """One exchange; floating-point tensors cross in ``wire_dtype`` and come back in the caller's dtype."""
+        compute = _wire_precision(tensors)
+        tensors = _cast_floats(tensors, self.wire_dtype)
         payload = wire.encode(tensors)
         with self._lock:
             if self._hook is not None:
@@ -330,7 +355,7 @@ class _ClientSide(abc.ABC):
                 self._hook(TO_CLIENT, self.client_id, kind, wire.describe(answer))
         if set(answer) != {expect}:
             raise TransportError(f"trunk server answered a {kind} with {sorted(answer)}, expected ['{expect}']")
-        return answer[expect]
+        return answer[expect].to(compute)
 
     @abc.abstractmethod
     def _exchange(self, kind: str, step: int, payload: bytes) -> bytes:
@@ -344,8 +369,9 @@ class InProcessTransport(_ClientSide):
     """Calls a :class:`TrunkBackend` in this process, through the same serialisation and checks as gRPC
     (so simulations count the same bytes and refuse the same messages as a deployment)."""
 
-    def __init__(self, backend: TrunkBackend, client_id: str, *, hook: MessageHook | None = None) -> None:
-        super().__init__(client_id, hook)
+    def __init__(self, backend: TrunkBackend, client_id: str, *, hook: MessageHook | None = None,
+                 wire_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(client_id, hook, wire_dtype)
         self._backend = backend
 
     def _exchange(self, kind: str, step: int, payload: bytes) -> bytes:
