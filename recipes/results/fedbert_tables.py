@@ -17,7 +17,7 @@ from fedlm.recorder import read_metrics
 METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share", "method=EmdAvg",
            "method=Head-Emd Avg", "method=Parallel FedAvg", "Single client"]
 DOWNSTREAM = [("sst2 accuracy", "SST-2 acc"), ("mrpc accuracy", "MRPC acc"), ("rte accuracy", "RTE acc"),
-              ("stsb pearson", "STS-B Pearson")]
+              ("stsb pearson", "STS-B Pearson"), ("sst2-probe accuracy", "SST-2 probe acc")]
 
 
 def client_share(run_dir: Path) -> str:
