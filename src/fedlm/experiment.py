@@ -109,9 +109,12 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     num_labels = len(loaded.label_names) if loaded.label_names else None
     model = build_model(config.model.family, config.model.preset, task_name, tokenizer, num_labels=num_labels,
                         checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed)
-    if task_name != "mlm" and config.train.mask_rate != MaskedLMTask.default_mask_rate:
+    if task_name == "mlm":
+        task = get_task(task_name, mask_rate=config.train.mask_rate)
+    elif config.train.mask_rate != MaskedLMTask.default_mask_rate:
         raise UserError(f"train.mask_rate is for masked LM, but the task is {task_name}: remove train.mask_rate")
-    task = get_task(task_name, mask_rate=config.train.mask_rate) if task_name == "mlm" else get_task(task_name)
+    else:
+        task = get_task(task_name)
     max_len = config.model.max_length
     test_ds = task.preprocess(loaded.splits["test"], tokenizer, max_len)
     return Prepared(

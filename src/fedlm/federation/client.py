@@ -8,7 +8,7 @@ All randomness (data order, masking, dropout) comes from one seed per (run seed,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,36 @@ def proximal_term(model: torch.nn.Module, anchor: NamedTensors) -> torch.Tensor:
     return torch.stack(terms).sum()
 
 
+def check_deadline(deadline: float | None, steps: int) -> None:
+    """Raise :class:`ClientTimeout` once the round's deadline (a ``time.monotonic()`` value) has passed."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise ClientTimeout(f"local training passed its deadline after {steps} steps")
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.nn.Parameter],
+                  max_grad_norm: float | None) -> None:
+    """Clip the gradient norm of ``params`` (if asked) and apply the optimizer step."""
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+
+
+class LossTally:
+    """The metrics every local-training loop reports: example-weighted train loss, steps, examples."""
+
+    def __init__(self) -> None:
+        self.loss_sum, self.units, self.steps = 0.0, 0, 0
+
+    def add(self, loss: torch.Tensor, count: int) -> None:
+        self.loss_sum += float(loss.detach()) * count
+        self.units += count
+        self.steps += 1
+
+    def metrics(self, examples: int) -> dict[str, float]:
+        return {"train_loss": self.loss_sum / max(self.units, 1), "steps": float(self.steps),
+                "examples": float(examples)}
+
+
 def train_locally(model: torch.nn.Module, task: Any, rows: Sequence[dict], settings: LocalSettings, *,
                   seed: int, anchor: NamedTensors | None = None, deadline: float | None = None,
                   on_step: Callable[[], None] | None = None) -> dict[str, float]:
@@ -85,21 +115,16 @@ def train_locally(model: torch.nn.Module, task: Any, rows: Sequence[dict], setti
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(trainable, settings)
     use_prox = settings.mu > 0 and anchor is not None
-    loss_sum, units, steps = 0.0, 0, 0
+    tally = LossTally()
     for batch_rows in batch_order(len(rows), settings, generator):
-        if deadline is not None and time.monotonic() > deadline:
-            raise ClientTimeout(f"local training passed its deadline after {steps} steps")
+        check_deadline(deadline, tally.steps)
         batch = task.collate([rows[i] for i in batch_rows], generator)
         loss, count = task.loss(model, batch)
         objective = loss + 0.5 * settings.mu * proximal_term(model, anchor) if use_prox else loss
         optimizer.zero_grad(set_to_none=True)
         objective.backward()
-        if settings.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(trainable, settings.max_grad_norm)
-        optimizer.step()
-        loss_sum += float(loss.detach()) * count
-        units += count
-        steps += 1
+        clip_and_step(optimizer, trainable, settings.max_grad_norm)
+        tally.add(loss, count)
         if on_step is not None:
             on_step()
-    return {"train_loss": loss_sum / max(units, 1), "steps": float(steps), "examples": float(len(rows))}
+    return tally.metrics(len(rows))

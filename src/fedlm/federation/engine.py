@@ -34,6 +34,10 @@ class ClientJob:
     timeout_s: float | None = None
     frozen: tuple[str, ...] = ()  # global parameters this client neither trains nor uploads this round
 
+    def deadline(self) -> float | None:
+        """The ``time.monotonic()`` value local training must finish by, counted from now (None: no limit)."""
+        return time.monotonic() + self.timeout_s if self.timeout_s else None
+
 
 @dataclass(frozen=True)
 class ClientFailure:

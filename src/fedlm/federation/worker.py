@@ -8,7 +8,6 @@ part stays with the client and frozen parameters are not sent back.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -58,7 +57,7 @@ def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: Cli
     load_into(model, received)
     if local_state:
         load_into(model, local_state)
-    deadline = time.monotonic() + job.timeout_s if job.timeout_s else None
+    deadline = job.deadline()
     skip = set(job.frozen)
     trained = [n for n in received if n not in skip]
     anchor = {n: received[n] for n in trained} if job.settings.mu > 0 else None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import secrets
-import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,7 +34,14 @@ import torch
 from torch import Tensor
 
 from fedlm.errors import UserError
-from fedlm.federation.client import ClientTimeout, LocalSettings, batch_order, make_optimizer
+from fedlm.federation.client import (
+    LocalSettings,
+    LossTally,
+    batch_order,
+    check_deadline,
+    clip_and_step,
+    make_optimizer,
+)
 from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors, load_into, snapshot
@@ -99,10 +105,9 @@ def client_steps(client: SplitModel, task: Any, rows: Sequence[dict], settings: 
     client.model.train()
     params = [p for p in client.client_parameters() if p.requires_grad]
     optimizer = make_optimizer(params, settings)
-    loss_sum, units, steps = 0.0, 0, 0
+    tally = LossTally()
     for step, batch_rows in enumerate(batch_order(len(rows), settings, generator)):
-        if deadline is not None and time.monotonic() > deadline:
-            raise ClientTimeout(f"local training passed its deadline after {steps} steps")
+        check_deadline(deadline, step)
         batch = task.collate([rows[i] for i in batch_rows], generator)
         sent = client.bottom(**model_inputs(batch))
         top_in: Activations = yield ("forward", step, sent)
@@ -111,13 +116,9 @@ def client_steps(client: SplitModel, task: Any, rows: Sequence[dict], settings: 
         loss.backward()
         grad: Tensor = yield ("backward", step, top_in.hidden.grad)
         sent.hidden.backward(grad)
-        if settings.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-        optimizer.step()
-        loss_sum += float(loss.detach()) * count
-        units += count
-        steps += 1
-    return {"train_loss": loss_sum / max(units, 1), "steps": float(steps), "examples": float(len(rows))}
+        clip_and_step(optimizer, params, settings.max_grad_norm)
+        tally.add(loss, count)
+    return tally.metrics(len(rows))
 
 
 def call_trunk(transport: Transport, request: Request) -> Any:
@@ -249,8 +250,8 @@ class SplitExecutor:
         load_into(client.model, self.store.get(job.client_id))
 
     def _steps(self, client: SplitModel, job: ClientJob) -> Generator[Request, Any, dict[str, float]]:
-        deadline = time.monotonic() + job.timeout_s if job.timeout_s else None
-        return client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed, deadline)
+        return client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed,
+                            job.deadline())
 
     def _run_turn(self, job: ClientJob) -> ClientReport | ClientFailure:
         client = self._client(0)

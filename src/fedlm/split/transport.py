@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor, nn
 
+from fedlm.federation.client import clip_and_step
 from fedlm.models.split import Activations
 from fedlm.split import wire
 
@@ -146,9 +147,7 @@ class TrunkBackend:
 
     def _step(self) -> None:
         """Clip (if asked) and apply the trunk's accumulated gradient."""
-        if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.trunk.parameters(), self.max_grad_norm)
-        self.optimizer.step()
+        clip_and_step(self.optimizer, self.trunk.parameters(), self.max_grad_norm)
         self.optimizer.zero_grad()
 
     def forward(self, client_id: str, step: int, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
