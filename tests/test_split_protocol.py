@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.experiment import prepare, run_single
-from fedlm.federation.client import LocalSettings
+from fedlm.federation.client import LocalSettings, batch_order, make_optimizer
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.params import snapshot
@@ -114,8 +114,8 @@ def round_jobs(executor: SplitExecutor, start: dict, clients: list[int]) -> list
     return [ClientJob(cid, 1, sent, settings, seed=100 + cid) for cid in clients]
 
 
-def run_round(executor: SplitExecutor, start: dict, clients: list[int]) -> list[ClientReport]:
-    executor.begin_round(1, start)
+def run_round(executor: SplitExecutor, start: dict, clients: list[int], round_idx: int = 1) -> list[ClientReport]:
+    executor.begin_round(round_idx, start)
     reports = executor.run(round_jobs(executor, start, clients))
     assert all(isinstance(r, ClientReport) for r in reports), reports
     return reports
@@ -155,6 +155,58 @@ def test_sequential_share_is_a_chain_of_single_client_turns(setup):
     chained = run_round(executor, after_first, [1])[-1].update.params
     for name in both:
         torch.testing.assert_close(both[name], chained[name], rtol=0, atol=0, msg=name)
+
+
+def steps_with_one_optimizer(prep, turns: list[int]) -> dict[str, torch.Tensor]:
+    """The reference for carried optimizer state: the unsplit model stepped through the same client turns
+    (same batches, masks and seeds as the executor's jobs) by a single AdamW that never restarts."""
+    model = build_model("bert", "tiny", "classification", prep.tokenizer, num_labels=2, seed=3)
+    settings = LocalSettings(lr=0.01, batch_size=8, local_steps=2, max_grad_norm=None)
+    model.train()
+    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], settings)
+    for cid in turns:
+        rows, seed = prep.client_train[cid], 100 + cid
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        for batch_rows in batch_order(len(rows), settings, generator):
+            loss, _ = prep.task.loss(model, prep.task.collate([rows[i] for i in batch_rows], generator))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return dict(model.named_parameters())
+
+
+def largest_gap(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
+    return max(float((got[n] - expected[n].detach()).abs().max()) for n in got)
+
+
+def test_carried_share_is_one_continuous_training_run(setup):
+    """Head-Emd Share with ``optimizer_state: carry``: two rounds of two clients equal the unsplit model
+    trained through the same four turns by one optimizer; with ``reset`` they do not."""
+    expected = steps_with_one_optimizer(setup, [0, 1, 0, 1])
+    finals = {}
+    for state in ("carry", "reset"):
+        executor, start = make_executor(setup, "sequential", "share", optimizer_state=state)
+        params = run_round(executor, start, [0, 1])[-1].update.params
+        finals[state] = run_round(executor, params, [0, 1], round_idx=2)[-1].update.params
+        executor.close()
+    assert set(finals["carry"]) == {n for n, p in expected.items() if p.requires_grad}
+    assert largest_gap(finals["carry"], expected) < 1e-5
+    assert largest_gap(finals["reset"], expected) > 1e-3
+
+
+def test_carried_optimizer_state_is_counted_and_restored_for_a_retried_round(setup):
+    executor, start = make_executor(setup, "sequential", "share", optimizer_state="carry")
+    parts = sum(4 * start[n].numel() for n in executor.parts.shared)
+    state = 2 * parts + 4 * len(executor.parts.shared)  # AdamW: two moments and a float32 step per tensor
+    first = run_round(executor, start, [0, 1])
+    assert [r.upload_bytes for r in first] == [parts + state] * 2
+    assert [r.download_extra for r in first] == [0, state]  # the second client is handed the first's state
+    again = run_round(executor, start, [0, 1])  # begin_round(1) again: a retried attempt
+    for name, value in first[-1].update.params.items():
+        torch.testing.assert_close(again[-1].update.params[name], value, rtol=0, atol=0, msg=name)
+    with pytest.raises(UserError, match="optimizer_state = carry needs one trunk"):
+        make_executor(setup, "parallel", "average", optimizer_state="carry")
 
 
 def test_parallel_trunk_copies_each_start_from_the_rounds_trunk(setup):
@@ -370,6 +422,9 @@ def test_split_config_errors_are_one_line(tmp_path, tiny_csv):
     raw = split_config(tmp_path, tiny_csv, trunk_mode="diagonal")
     with pytest.raises(UserError, match=r"split\.trunk_mode"):
         validate(raw)
+    raw = split_config(tmp_path, tiny_csv, trunk_mode="parallel", optimizer_state="carry")
+    with pytest.raises(UserError, match="optimizer_state = carry needs one trunk"):
+        run_single(validate(raw), tiny_csv, tmp_path / "carry")
     raw = split_config(tmp_path, tiny_csv, bottom_blocks=1, top_blocks=1)  # tiny has 2 blocks: no trunk left
     with pytest.raises(UserError, match="the server trunk needs at least one block"):
         run_single(validate(raw), tiny_csv, tmp_path / "bad")

@@ -14,7 +14,8 @@ from fedlm.experiment import downstream_scores, slug
 from fedlm.models.split import Cut, SplitModel
 from fedlm.recorder import read_metrics
 
-METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share", "method=EmdAvg",
+METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share",
+           "method=Head-Emd Share carry", "method=EmdAvg",
            "method=Head-Emd Avg", "method=Parallel FedAvg", "Single client"]
 DOWNSTREAM = [("sst2 accuracy", "SST-2 acc"), ("mrpc accuracy", "MRPC acc"), ("rte accuracy", "RTE acc"),
               ("stsb pearson", "STS-B Pearson"), ("sst2-probe accuracy", "SST-2 probe acc")]

@@ -133,6 +133,11 @@ class SplitConfig(_Section):
     activation_dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", description="precision of the activations and gradients crossing the boundary (16 bits halve "
                                "its bytes; bfloat16 keeps float32's range, float16 three more bits of mantissa)")
+    optimizer_state: Literal["reset", "carry"] = Field(
+        "reset", description="reset: a fresh optimizer at every client turn, as FedAvg clients | carry: the trunk "
+                             "keeps one optimizer across turns and rounds and, with client_parts: share, the "
+                             "client parts travel with their optimizer state (one continuous training run, the "
+                             "'logically centralized' Head-Emd Share); needs one trunk, not trunk_mode: parallel")
 
 
 class EvalConfig(_Section):

@@ -339,7 +339,8 @@ def split_executor(prep: Prepared, codec: Any, store: ClientStore, settings: Loc
     spec = prep.config.split
     return SplitExecutor(prep.model, Cut(spec.bottom_blocks, spec.top_blocks), spec.trunk_mode, spec.client_parts,
                          prep.task, prep.client_train, codec, store, settings, transport=spec.transport,
-                         progress=progress, activation_dtype=spec.activation_dtype)
+                         progress=progress, activation_dtype=spec.activation_dtype,
+                         optimizer_state=spec.optimizer_state)
 
 
 def encoder_is_global(policy: SharingPolicy) -> bool:

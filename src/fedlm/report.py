@@ -92,6 +92,8 @@ def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str,
             axes[0].plot(*metric_series(records, key), marker="o", ms=3, label=label, color=color)
         axes[1].plot(*metric_series(records, "train_loss"), label=label, color=color)
     axes[0].set_ylabel(metric)
+    if metric == "perplexity":  # from thousands at the start to tens: only a log axis shows the methods apart
+        axes[0].set_yscale("log")
     axes[1].set_ylabel("train loss")
     for ax in axes:
         ax.set_xlabel("round")

@@ -54,6 +54,7 @@ class ClientReport:
     upload_meta_bytes: int = 0
     boundary_up: int = 0  # split learning: activations and gradients the client sent to the trunk
     boundary_down: int = 0  # ... and received from it
+    download_extra: int = 0  # received besides the round's downlink (split: an optimizer state handed on)
 
 
 class Executor(Protocol):
@@ -184,13 +185,14 @@ class RoundEngine:
         loss = sum(u.metrics.get("train_loss", math.nan) * u.num_examples for u in updates) / max(examples, 1)
         boundary_up = sum(r.boundary_up for r in reports)
         boundary_down = sum(r.boundary_down for r in reports)
+        extra_down = sum(r.download_extra for r in reports)
         record = {
             "round": round_idx,
             "train_loss": loss,
             "clients": [u.client_id for u in updates],
             "failed": [{"client": f.client_id, "reason": f.reason} for f in failures],
             "train_examples": examples,
-            "bytes_down": (down[0] + boundary_down) * count,
+            "bytes_down": (down[0] + boundary_down + extra_down) * count,
             "bytes_up": (sum(r.upload_bytes for r in reports) + boundary_up) * count,
             "bytes_down_meta": down[1] * count,
             "bytes_up_meta": sum(r.upload_meta_bytes for r in reports) * count,
@@ -200,5 +202,6 @@ class RoundEngine:
             record["bytes_down_boundary"] = boundary_down * count
             record["bytes_by_client"] = {
                 str(r.update.client_id): {"up": (r.upload_bytes + r.boundary_up) * count,
-                                          "down": (sent_bytes + r.boundary_down) * count} for r in reports}
+                                          "down": (sent_bytes + r.boundary_down + r.download_extra) * count}
+                for r in reports}
         return record

@@ -17,8 +17,12 @@ engine's FedAvg aggregation *is* the paper's protocol:
   ``average`` (Head-Emd Avg): bottom and top averaged; ``average_bottom`` (EmdAvg): bottom averaged, top
   kept by each client; ``local``: both kept by each client.
 
-Clients keep no optimizer state between turns and neither does the trunk (a fresh optimizer per client
-turn, or per round in ``client_batch`` mode), so a one-client split run equals one-client FedAvg.
+By default (``optimizer_state: reset``) clients keep no optimizer state between turns and neither does the
+trunk (a fresh optimizer per client turn, or per round in ``client_batch`` mode), so a one-client split run
+equals one-client FedAvg. With ``carry`` the one trunk keeps its optimizer across turns and rounds, and under
+``share`` the client parts travel with their optimizer state (counted in the bytes), so sequential Head-Emd
+Share is one continuous training run over the clients' data in turn, as FedBERT calls it "logically
+centralized". Carried state is not checkpointed: a resumed run starts the optimizers afresh.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from fedlm.federation.client import (
 )
 from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
-from fedlm.federation.params import NamedTensors, load_into, snapshot
+from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.simulation import ClientStore, client_failure
 from fedlm.federation.strategies import ClientUpdate
@@ -56,6 +60,7 @@ from fedlm.tasks.base import model_inputs
 
 TRUNK_MODES = ("sequential", "parallel", "client_batch")
 CLIENT_PARTS = ("share", "average_bottom", "average", "local")
+OPTIMIZER_STATES = ("reset", "carry")
 Request = tuple[str, int, Any]  # ("forward", step, Activations) or ("backward", step, gradient)
 
 
@@ -93,18 +98,20 @@ def client_copy(split: SplitModel) -> SplitModel:
 
 
 def client_steps(client: SplitModel, task: Any, rows: Sequence[dict], settings: LocalSettings, seed: int,
-                 deadline: float | None = None) -> Generator[Request, Any, dict[str, float]]:
+                 deadline: float | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 ) -> Generator[Request, Any, dict[str, float]]:
     """One client's local training, yielding at every message to the trunk and resuming with the answer.
 
     The same batches, masking and dropout draws as ``train_locally`` (same seeding, same order of forward
     computations), so driven against a trunk in this process it reproduces the unsplit step. Gradient
-    clipping applies to the client's own parameters (the trunk clips its own).
+    clipping applies to the client's own parameters (the trunk clips its own). ``optimizer``, if given,
+    holds the client's parameters and state carried from an earlier turn; otherwise a fresh one is made.
     """
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout
     client.model.train()
     params = [p for p in client.client_parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, settings)
+    optimizer = make_optimizer(params, settings) if optimizer is None else optimizer
     tally = LossTally()
     for step, batch_rows in enumerate(batch_order(len(rows), settings, generator)):
         check_deadline(deadline, step)
@@ -119,6 +126,20 @@ def client_steps(client: SplitModel, task: Any, rows: Sequence[dict], settings: 
         clip_and_step(optimizer, params, settings.max_grad_norm)
         tally.add(loss, count)
     return tally.metrics(len(rows))
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> NamedTensors:
+    """The optimizer's per-parameter state (AdamW's step and moments) as named tensors
+    ``<parameter>/<key>``, so it can travel with the parameters like any other update."""
+    return {f"{names[id(param)]}/{key}": value.detach().clone()
+            for param, state in optimizer.state.items() for key, value in state.items() if torch.is_tensor(value)}
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+                           tensors: NamedTensors) -> None:
+    for full_name, value in tensors.items():
+        name, key = full_name.rsplit("/", 1)
+        optimizer.state[params[name]][key] = value.clone()
 
 
 def call_trunk(transport: Transport, request: Request) -> Any:
@@ -180,9 +201,15 @@ class SplitExecutor:
     def __init__(self, model: torch.nn.Module, cut: Cut, trunk_mode: str, client_parts: str, task: Any,
                  client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore, settings: LocalSettings,
                  *, transport: str = "inprocess", hook: MessageHook | None = None,
-                 progress: Callable[[int], None] | None = None, activation_dtype: str = "float32") -> None:
+                 progress: Callable[[int], None] | None = None, activation_dtype: str = "float32",
+                 optimizer_state: str = "reset") -> None:
         if trunk_mode not in TRUNK_MODES:
             raise UserError(f"split.trunk_mode = {trunk_mode!r}; choose one of {', '.join(TRUNK_MODES)}")
+        if optimizer_state not in OPTIMIZER_STATES:
+            raise UserError(f"split.optimizer_state = {optimizer_state!r}; choose one of {', '.join(OPTIMIZER_STATES)}")
+        if optimizer_state == "carry" and trunk_mode == "parallel":
+            raise UserError("split.optimizer_state = carry needs one trunk, but trunk_mode: parallel trains a fresh "
+                            "copy per client; use trunk_mode sequential or client_batch, or optimizer_state: reset")
         self.server = SplitModel(model, cut)
         self.parts = split_parts(self.server, client_parts)
         self.trunk_mode = trunk_mode
@@ -195,6 +222,11 @@ class SplitExecutor:
         self._clients: list[SplitModel] = []
         self._round_trunk: NamedTensors = {}
         self._relay: NamedTensors | None = None
+        self.carry = optimizer_state == "carry"
+        self._relay_state: NamedTensors = {}  # share + carry: the client optimizer state handed on
+        self._round_start: tuple[int, dict, NamedTensors] | None = None  # carry: optimizer states a round began with
+        self._optimizers: dict[int, tuple[torch.optim.Optimizer, int]] = {}  # share + carry: each client's
+        # optimizer this round and the bytes of carried state it was handed
         backend_class = BatchingTrunkBackend if trunk_mode == "client_batch" else TrunkBackend
         self.backend = backend_class(self.server.trunk, model.config.hidden_size,
                                      lambda params: make_optimizer(params, settings),
@@ -215,6 +247,12 @@ class SplitExecutor:
         self._round_trunk = {n: global_params[n] for n in self.parts.trunk}
         load_into(self.server.model, self._round_trunk)
         self._relay = None
+        if self.carry:  # a retried attempt starts from the optimizer states the round began with, too
+            if self._round_start is not None and self._round_start[0] == round_idx:
+                self.backend.optimizer.load_state_dict(copy.deepcopy(self._round_start[1]))
+                self._relay_state = self._round_start[2]
+            else:
+                self._round_start = (round_idx, copy.deepcopy(self.backend.optimizer.state_dict()), self._relay_state)
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         self.server.model.train()
@@ -250,15 +288,26 @@ class SplitExecutor:
         load_into(client.model, self.store.get(job.client_id))
 
     def _steps(self, client: SplitModel, job: ClientJob) -> Generator[Request, Any, dict[str, float]]:
+        optimizer = None
+        if self.carries_client_state:
+            named = dict(client.model.named_parameters())
+            optimizer = make_optimizer([p for p in client.client_parameters() if p.requires_grad], job.settings)
+            load_optimizer_tensors(optimizer, named, self._relay_state)
+            self._optimizers[job.client_id] = optimizer, nbytes(self._relay_state)
         return client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed,
-                            job.deadline())
+                            job.deadline(), optimizer)
+
+    @property
+    def carries_client_state(self) -> bool:
+        return self.carry and self.client_parts == "share"
 
     def _run_turn(self, job: ClientJob) -> ClientReport | ClientFailure:
         client = self._client(0)
         self._prepare_client(client, job)
         if self.trunk_mode == "parallel":
             load_into(self.server.model, self._round_trunk)  # this client's own copy of the round's trunk
-        self.backend.reset_optimizer()
+        if not self.carry:
+            self.backend.reset_optimizer()
         transport = self._connect(str(job.client_id))
         try:
             metrics = drive(self._steps(client, job), transport)
@@ -271,7 +320,8 @@ class SplitExecutor:
     def _run_batch(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         assert isinstance(self.backend, BatchingTrunkBackend)
         self.backend.expect([str(job.client_id) for job in jobs])
-        self.backend.reset_optimizer()
+        if not self.carry:
+            self.backend.reset_optimizer()
         clients = {job.client_id: self._client(i) for i, job in enumerate(jobs)}
         for job in jobs:
             self._prepare_client(clients[job.client_id], job)
@@ -297,6 +347,11 @@ class SplitExecutor:
         shared = finite_update(client.model, self.parts.shared, metrics)
         encoded = self.codec.encode(shared)
         params: NamedTensors = {}
+        state_received = state_sent = 0
+        if self.carries_client_state:
+            optimizer, state_received = self._optimizers.pop(job.client_id)
+            self._relay_state = optimizer_tensors(optimizer, {id(p): n for n, p in client.model.named_parameters()})
+            state_sent = nbytes(self._relay_state)
         if self.client_parts == "share":
             self._relay = self.codec.decode(encoded)
         else:
@@ -305,8 +360,8 @@ class SplitExecutor:
             params.update(snapshot(self.server.model, self.parts.trunk))
         self.store.put(job.client_id, snapshot(client.model, self.parts.local))
         update = ClientUpdate(job.client_id, len(self.client_rows[job.client_id]), params, metrics)
-        return ClientReport(update, encoded.total_bytes, encoded.meta_bytes, transport.bytes_sent,
-                            transport.bytes_received)
+        return ClientReport(update, encoded.total_bytes + state_sent, encoded.meta_bytes, transport.bytes_sent,
+                            transport.bytes_received, download_extra=state_received)
 
     def _finish(self, results: list[ClientReport | ClientFailure]) -> None:
         """The last reporting client carries what exists once: the passed-on parts and the single trunk."""
