@@ -34,6 +34,7 @@ from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.recorder import read_metrics
+from fedlm.split.certs import throwaway_certificates
 from tests.conftest import tiny_config
 
 CLIENT_ERROR = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
@@ -78,12 +79,13 @@ def no_telemetry(monkeypatch):
     monkeypatch.setattr("flwr.supercore.telemetry.FLWR_TELEMETRY_ENABLED", "0")
 
 
-def run_through_flower(monkeypatch, num_nodes: int, **server_defaults) -> None:
+def run_through_flower(monkeypatch, num_nodes: int, trunk_tokens: dict[int, str] | None = None,
+                       **server_defaults) -> None:
     backend_module = types.ModuleType(RAY_BACKEND_MODULE)
     backend_module.RayBackend = ThreadBackend
     monkeypatch.setitem(sys.modules, RAY_BACKEND_MODULE, backend_module)
     run_simulation(server_app=flower.build_server_app(**server_defaults),
-                   client_app=flower.build_client_app(server_defaults["data-dir"]),
+                   client_app=flower.build_client_app(server_defaults["data-dir"], trunk_tokens),
                    num_supernodes=num_nodes, backend_name="thread")
 
 
@@ -118,6 +120,44 @@ def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, fr
         assert a["bytes_up"] < b["bytes_up"] < a["bytes_up"] * framing
         assert a["bytes_up_meta"] <= b["bytes_up_meta"] and (a["bytes_up_meta"] > 0) == (codec["codec"] == "int8")
 
+    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
+    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.allclose(pa, pb, atol=1e-6), name
+
+
+@pytest.mark.parametrize(("trunk_mode", "client_parts"), [("sequential", "share"), ("parallel", "average")])
+def test_split_rounds_through_flower_equal_the_simulator(trunk_mode, client_parts, tmp_path, tiny_csv, monkeypatch,
+                                                         no_telemetry):
+    """Each client turn is a Flower message; the node trains its parts against the ServerApp's trunk over
+    gRPC + TLS with its own token. Same batches and the same fp32 boundary as the simulator: same model."""
+    raw = tiny_config(tmp_path, tiny_csv)
+    raw["partition"]["num_clients"] = 3
+    raw["split"] = {"trunk_mode": trunk_mode, "client_parts": client_parts, "transport": "grpc"}
+    config = validate(raw)
+    config_path = tmp_path / "experiment.yaml"
+    config_path.write_text(dump_config(config))
+    certs = throwaway_certificates("localhost")
+    for name in ("server_cert", "server_key", "ca"):
+        (tmp_path / f"{name}.pem").write_bytes(certs[name])
+    tokens = {i: f"token-{i}-{'x' * 16}" for i in range(3)}
+    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump({str(i): t for i, t in tokens.items()}))
+
+    run_single(config, tiny_csv, tmp_path / "sim")
+    run_through_flower(monkeypatch, 3, trunk_tokens=tokens, **{
+        "config": str(config_path), "data-dir": str(tiny_csv), "run-dir": str(tmp_path / "flower"),
+        "trunk-listen": "localhost:0", "trunk-cert": str(tmp_path / "server_cert.pem"),
+        "trunk-key": str(tmp_path / "server_key.pem"), "trunk-ca": str(tmp_path / "ca.pem"),
+        "trunk-tokens": str(tmp_path / "tokens.yaml")})
+
+    sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in fl] == [0, 1, 2]
+    for a, b in zip(sim[1:], fl[1:], strict=True):
+        assert a["clients"] == b["clients"] and not b["failed"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
+        assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
+        assert (a["bytes_up_boundary"], a["bytes_down_boundary"]) == (b["bytes_up_boundary"],
+                                                                      b["bytes_down_boundary"])
     a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
     b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):

@@ -207,6 +207,10 @@ def test_carried_optimizer_state_is_counted_and_restored_for_a_retried_round(set
         torch.testing.assert_close(again[-1].update.params[name], value, rtol=0, atol=0, msg=name)
     with pytest.raises(UserError, match="optimizer_state = carry needs one trunk"):
         make_executor(setup, "parallel", "average", optimizer_state="carry")
+    for mode, parts, state in (("client_batch", "average", "reset"), ("sequential", "share", "carry"),
+                               ("sequential", "average_bottom", "reset")):
+        with pytest.raises(UserError, match="split learning across machines runs"):
+            make_executor(setup, mode, parts, optimizer_state=state, remote=lambda backend, codec: None)
 
 
 def test_parallel_trunk_copies_each_start_from_the_rounds_trunk(setup):

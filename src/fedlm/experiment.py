@@ -187,8 +187,9 @@ def _progress_enabled() -> bool:
 
 
 def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resume: bool = False,
-               executor_factory: Any = None) -> dict[str, Any]:
-    """Run (or resume) one experiment into ``run_dir``; returns its summary row."""
+               executor_factory: Any = None, split_remote: Any = None) -> dict[str, Any]:
+    """Run (or resume) one experiment into ``run_dir``; returns its summary row. ``executor_factory`` runs
+    the clients elsewhere (Flower); for a split run, ``split_remote`` does (see ``SplitExecutor``)."""
     recorder = RunRecorder(run_dir)
     checkpoint = recorder.load_checkpoint() if resume else None
     if not resume:
@@ -206,9 +207,9 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     write_partition_report(run_dir / "partition", prep.train_partition, prep.train_input, prep.loaded.label_names)
     protocol = config.protocol
     n_clients = num_clients_of(config)
-    if config.split is not None and executor_factory is not None:
-        raise UserError("split learning runs in the simulator (split.transport inprocess or grpc), not on Flower; "
-                        "remove the split section for a Flower deployment")
+    if config.split is not None and executor_factory is not None and split_remote is None:
+        raise UserError("this deployment runs FedAvg clients only; split learning needs the trunk served to the "
+                        "clients (split_remote), as fedlm's Flower ServerApp does")
     policy = split_policy(prep) if config.split is not None else sharing_policy(prep, n_clients)
     if config.downstream and not encoder_is_global(policy):  # refuse before training, not after it
         raise UserError("downstream fine-tuning needs one global encoder, but this run keeps blocks or embeddings "
@@ -267,7 +268,7 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     hooks = EngineHooks(evaluate=Evaluator(prep, store, policy.personalized), record=recorder.log_round,
                         checkpoint=save_checkpoint, on_round=on_round, frozen_for=policy.frozen_for)
     if config.split is not None:
-        executor = split_executor(prep, codec, store, settings, on_client)
+        executor = split_executor(prep, codec, store, settings, on_client, split_remote)
         hooks.downlink, hooks.begin_round = executor.downlink, executor.begin_round
     else:
         executor = (executor_factory or InProcessExecutor)(
@@ -335,12 +336,12 @@ def split_policy(prep: Prepared) -> SharingPolicy:
 
 
 def split_executor(prep: Prepared, codec: Any, store: ClientStore, settings: LocalSettings,
-                   progress: Any) -> SplitExecutor:
+                   progress: Any, remote: Any = None) -> SplitExecutor:
     spec = prep.config.split
     return SplitExecutor(prep.model, Cut(spec.bottom_blocks, spec.top_blocks), spec.trunk_mode, spec.client_parts,
                          prep.task, prep.client_train, codec, store, settings, transport=spec.transport,
                          progress=progress, activation_dtype=spec.activation_dtype,
-                         optimizer_state=spec.optimizer_state)
+                         optimizer_state=spec.optimizer_state, remote=remote)
 
 
 def encoder_is_global(policy: SharingPolicy) -> bool:

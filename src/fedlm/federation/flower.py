@@ -49,16 +49,32 @@ for every client's node at start), reply-timeout-s (how long a round waits for r
 subprocess isolation a SuperNode starts a fresh ClientApp process per message, so each round re-runs
 ``prepare`` on the node; the per-process cache pays off where ClientApps stay in one process (simulation).
 Use TLS (--ssl-* / root certificates) instead of --insecure outside a trusted network.
+
+Split learning (a config with a ``split`` section; trunk_mode sequential or parallel, client_parts share or
+average): the ServerApp also serves the trunk over gRPC + TLS (run config ``trunk-listen``, ``trunk-address``,
+``trunk-cert``, ``trunk-key``, ``trunk-ca``, ``trunk-tokens``, optional ``trunk-client-ca``), and each client
+turn is one ``train`` message carrying the client parts it should load (``share``: those the previous client
+finished with) plus "trunk-address" and "trunk-ca" (the CA's PEM) in its config. The node's ClientApp
+trains its bottom and top against the trunk with its own token (node config ``trunk-token``; optional
+``trunk-address`` / ``trunk-ca`` / ``trunk-client-cert`` / ``trunk-client-key`` override or add) and replies
+with the same parts and its boundary byte counts in the metrics. Token ids, text and labels stay on the
+node; the node never receives trained trunk weights.
+
+    flower-supernode ... --node-config "partition-id=i data-dir='/data' trunk-token='<client i token>'"
+    flwr run deploy/flower fedlm --run-config "config='split.yaml' data-dir='/data' trunk-cert='s.pem' \
+        trunk-key='s.key' trunk-ca='ca.pem' trunk-tokens='tokens.yaml' trunk-address='S:9100'"
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +104,15 @@ from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors, all_finite, nbytes
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.federation.worker import NonFiniteUpdate, fit_client
+from fedlm.models.split import Cut, SplitModel
+from fedlm.split.grpc_transport import GrpcTransport, load_tokens, serve_trunk
+from fedlm.split.protocol import client_copy, run_client_turn
+from fedlm.split.transport import WIRE_DTYPES, TrunkBackend
 
 log = logging.getLogger("fedlm")
 
 RAW_STYPE = "torch.raw"
+TRUNK_ADDRESS, TRUNK_CA = "trunk-address", "trunk-ca"
 PARTITION_KEY = "partition-id"
 DEFAULT_NODE_WAIT_S = 300.0
 DEFAULT_REPLY_TIMEOUT_S = 3600.0
@@ -137,12 +158,14 @@ def encoded_from_records(arrays: ArrayRecord, meta: ArrayRecord, codec: str) -> 
     return Encoded(tensors, codec, nbytes(tensors), nbytes(scales), scales)
 
 
-def job_content(job: ClientJob, experiment: str, block_size: int | None = None) -> RecordDict:
+def job_content(job: ClientJob, experiment: str, block_size: int | None = None,
+                extra: dict[str, Any] | None = None) -> RecordDict:
     """A ClientJob as message content; None values are left out (absent = None).
 
-    ``block_size`` is the codec's (``job.params`` does not say it), so the node can rebuild the codec.
+    ``block_size`` is the codec's (``job.params`` does not say it), so the node can rebuild the codec;
+    ``extra`` adds config entries (split learning: where the trunk is and the CA it is signed by).
     """
-    values: dict[str, Any] = {
+    values: dict[str, Any] = {**(extra or {}),
         "round": job.round_idx, "client-id": job.client_id, "seed": job.seed, "codec": job.params.codec,
         "codec-block-size": block_size, "timeout-s": job.timeout_s, "experiment": experiment,
         "frozen": list(job.frozen) or None,
@@ -239,7 +262,8 @@ class FlowerExecutor:
 
     def __init__(self, grid: Grid, node_ids_by_client: dict[int, int], codec: Codec, experiment: str,
                  timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, extra: dict[str, Any] | None = None) -> None:
+        self.extra = extra
         self.grid = grid
         self.nodes = node_ids_by_client
         self.codec = codec
@@ -252,7 +276,7 @@ class FlowerExecutor:
             job.client_id: ClientFailure(job.client_id, f"no Flower node serves client {job.client_id}")
             for job in jobs if job.client_id not in self.nodes}
         by_node = {self.nodes[job.client_id]: job for job in jobs if job.client_id in self.nodes}
-        messages = [Message(job_content(job, self.experiment, self.codec.block_size), dst_node_id=node,
+        messages = [Message(job_content(job, self.experiment, self.codec.block_size, self.extra), dst_node_id=node,
                             message_type=MessageType.TRAIN, ttl=self.timeout_s, group_id=str(job.round_idx))
                     for node, job in by_node.items()]
         replies = self.grid.send_and_receive(messages, timeout=self.timeout_s) if messages else []
@@ -324,6 +348,65 @@ def flower_executor_factory(grid: Grid, node_ids_by_client: dict[int, int], expe
     return factory
 
 
+@dataclass(frozen=True)
+class TrunkService:
+    """How the ServerApp serves a split run's trunk (run config keys ``trunk-*``): TLS is required, every
+    client needs its token, and ``client_ca`` (optional) demands client certificates too."""
+
+    listen: str
+    address: str | None  # what nodes dial; None: this machine's name and the port it got
+    cert: bytes
+    key: bytes
+    ca: bytes  # sent to the nodes so they can verify ``cert``
+    tokens: dict[str, str]
+    client_ca: bytes | None = None
+
+    @classmethod
+    def from_settings(cls, context: Context, defaults: dict[str, Any]) -> TrunkService:
+        def read(key: str, required: bool = True) -> bytes | None:
+            value = _setting(context, key, defaults)
+            if value is None:
+                if required:
+                    raise UserError(f"a split run through Flower serves its trunk over TLS: set the run config "
+                                    f"key '{key}' (a PEM file)")
+                return None
+            path = Path(str(value))
+            if not path.is_file():
+                raise UserError(f"run config {key}: file not found: {path}")
+            return path.read_bytes()
+
+        tokens = _setting(context, "trunk-tokens", defaults)
+        if tokens is None:
+            raise UserError("a split run through Flower needs client tokens: set the run config key "
+                            "'trunk-tokens' (a YAML file of client id -> token)")
+        cert, key = read("trunk-cert"), read("trunk-key")
+        return cls(str(_setting(context, "trunk-listen", defaults, "[::]:9100")),
+                   _setting(context, "trunk-address", defaults), cert, key, read("trunk-ca", False) or cert,
+                   load_tokens(str(tokens)), read("trunk-client-ca", False))
+
+
+class FlowerSplitClients:
+    """Split learning across machines: the ServerApp's process serves the trunk over gRPC + TLS, and each
+    client turn is one Flower message to the client's node, whose ClientApp trains the client's parts
+    against that trunk (``run_client_turn``) and replies with them. Implements ``RemoteClients``."""
+
+    def __init__(self, backend: TrunkBackend, codec: Codec, grid: Grid, nodes: dict[int, int], experiment: str,
+                 timeout_s: float | None, service: TrunkService) -> None:
+        self.server = serve_trunk(backend, service.listen, tokens=service.tokens, tls=(service.cert, service.key),
+                                  client_ca_pem=service.client_ca, max_sessions=max(16, len(nodes) + 4))
+        host = service.listen.rsplit(":", 1)[0]
+        local = host if host in ("localhost", "127.0.0.1", "[::1]") else socket.getfqdn()
+        address = service.address or f"{local}:{self.server.port}"
+        extra = {TRUNK_ADDRESS: address, TRUNK_CA: service.ca.decode()}
+        self.flower = FlowerExecutor(grid, nodes, codec, experiment, timeout_s, extra=extra)
+
+    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
+        return self.flower.run(jobs)
+
+    def close(self) -> None:
+        self.server.stop(grace=1.0)
+
+
 def _setting(context: Context, key: str, defaults: dict[str, Any], fallback: Any = None) -> Any:
     """Run config (non-empty) first, then the app's defaults, then ``fallback``."""
     value = context.run_config.get(key)
@@ -346,11 +429,21 @@ def build_server_app(**defaults: Any) -> ServerApp:
         wait_s = float(_setting(context, "node-wait-s", defaults, DEFAULT_NODE_WAIT_S))
         timeout_s = float(_setting(context, "reply-timeout-s", defaults, DEFAULT_REPLY_TIMEOUT_S))
         nodes = discover_clients(grid, num_clients_of(config), wait_s)
-        factory = flower_executor_factory(grid, nodes, dump_config(config), timeout_s)
+        experiment = dump_config(config)
+        factory = flower_executor_factory(grid, nodes, experiment, timeout_s)
+        split_remote = None
+        if config.split is not None:
+            service = TrunkService.from_settings(context, defaults)
+            split_remote = partial(_split_clients, grid=grid, nodes=nodes, experiment=experiment,
+                                   timeout_s=timeout_s, service=service)
         run_single(config, Path(_setting(context, "data-dir", defaults, ".")), Path(run_dir),
-                   executor_factory=factory)
+                   executor_factory=factory, split_remote=split_remote)
 
     return app
+
+
+def _split_clients(backend: TrunkBackend, codec: Codec, **kwargs: Any) -> FlowerSplitClients:
+    return FlowerSplitClients(backend, codec, **kwargs)
 
 
 # ---- client side ----------------------------------------------------------------------------------------
@@ -362,10 +455,12 @@ class ClientRuntime:
     The lock keeps two ClientApp calls in one process from training the shared model at the same time.
     """
 
-    def __init__(self, data_dir: str | None = None) -> None:
+    def __init__(self, data_dir: str | None = None, trunk_tokens: dict[int, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.trunk_tokens = trunk_tokens or {}
         self.lock = threading.Lock()
         self._cache: tuple[tuple[str, str], Prepared] | None = None
+        self._split_client: tuple[tuple[str, str], SplitModel] | None = None
 
     def prepared(self, experiment: str, data_dir: str) -> Prepared:
         key = (config_sha(experiment), data_dir)
@@ -399,13 +494,44 @@ class ClientRuntime:
         own = partition_id(context)
         if job.client_id != own:
             raise UserError(f"job for client {job.client_id} reached the node of client {own}")
-        codec = KeepUpload(codec_from_content(content))
         with self.lock:
             prep = self.prepared(experiment, self.data_dir_of(context))
+            if prep.config.split is not None:
+                report, upload = run_client_turn(self.split_client(prep, experiment), prep.task,
+                                                 prep.client_train[own], job, codec_from_content(content),
+                                                 self.trunk_transport(content, context, prep, own))
+                return report_content(report, upload)
+            codec = KeepUpload(codec_from_content(content))
             report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [])
         if codec.upload is None:
             raise RuntimeError("fit_client encoded no upload")
         return report_content(report, codec.upload)
+
+
+    def split_client(self, prep: Prepared, experiment: str) -> SplitModel:
+        """This node's client parts (bottom and top; the trunk a ``meta`` placeholder), made once."""
+        key = (config_sha(experiment), str(id(prep)))
+        if self._split_client is None or self._split_client[0] != key:
+            spec = prep.config.split
+            self._split_client = key, client_copy(SplitModel(prep.model, Cut(spec.bottom_blocks, spec.top_blocks)))
+        return self._split_client[1]
+
+    def trunk_transport(self, content: RecordDict, context: Context, prep: Prepared, own: int) -> GrpcTransport:
+        """A TLS session with the server's trunk: the address and CA the job names (node config
+        ``trunk-address`` / ``trunk-ca`` override them), this node's ``trunk-token`` and, for mutual TLS,
+        its ``trunk-client-cert`` / ``trunk-client-key``."""
+        node, job = context.node_config, content["config"]
+        token = node.get("trunk-token") or self.trunk_tokens.get(own)
+        if not token:
+            raise UserError("this SuperNode has no trunk token: add trunk-token='<token>' to its --node-config")
+        ca = Path(str(node["trunk-ca"])).read_bytes() if node.get("trunk-ca") else str(job[TRUNK_CA]).encode()
+        cert = None
+        if node.get("trunk-client-cert"):
+            cert = (Path(str(node["trunk-client-cert"])).read_bytes(),
+                    Path(str(node["trunk-client-key"])).read_bytes())
+        return GrpcTransport(str(node.get("trunk-address") or job[TRUNK_ADDRESS]), str(own), str(token),
+                             root_cert_pem=ca, client_cert=cert, timeout_s=float(job.get("timeout-s", 600.0)),
+                             wire_dtype=WIRE_DTYPES[prep.config.split.activation_dtype])
 
 
 class KeepUpload:
@@ -433,9 +559,10 @@ def partition_id(context: Context) -> int:
     return int(value)
 
 
-def build_client_app(data_dir: str | None = None) -> ClientApp:
-    """The ClientApp; ``data_dir`` is used when neither node config nor run config names one."""
-    runtime = ClientRuntime(data_dir)
+def build_client_app(data_dir: str | None = None, trunk_tokens: dict[int, str] | None = None) -> ClientApp:
+    """The ClientApp; ``data_dir`` is used when neither node config nor run config names one, and
+    ``trunk_tokens`` (by partition id) when a node's config has no ``trunk-token``."""
+    runtime = ClientRuntime(data_dir, trunk_tokens)
     app = ClientApp()
     app.query()(runtime.query)
     app.train()(runtime.train)

@@ -28,11 +28,12 @@ centralized". Carried state is not checkpointed: a resumed run starts the optimi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import secrets
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -46,7 +47,7 @@ from fedlm.federation.client import (
     clip_and_step,
     make_optimizer,
 )
-from fedlm.federation.codecs import Codec
+from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot
 from fedlm.federation.sharing import SharingPolicy
@@ -61,7 +62,17 @@ from fedlm.tasks.base import model_inputs
 TRUNK_MODES = ("sequential", "parallel", "client_batch")
 CLIENT_PARTS = ("share", "average_bottom", "average", "local")
 OPTIMIZER_STATES = ("reset", "carry")
+BOUNDARY_UP, BOUNDARY_DOWN = "boundary_bytes_up", "boundary_bytes_down"  # a remote client's report metrics
 Request = tuple[str, int, Any]  # ("forward", step, Activations) or ("backward", step, gradient)
+
+
+class RemoteClients(Protocol):
+    """Clients on other machines (Flower nodes): ``run`` sends each job to its client, which trains its parts
+    against this process's trunk over gRPC and answers with its shared parts and boundary byte counts."""
+
+    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,22 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, params: dict[str, t
         optimizer.state[params[name]][key] = value.clone()
 
 
+def run_client_turn(client: SplitModel, task: Any, rows: Sequence[dict], job: ClientJob, codec: Codec,
+                    transport: Transport) -> tuple[ClientReport, Encoded]:
+    """A client's turn on its own machine: load the parts it was sent, train them against the remote trunk,
+    and encode the same parts for upload; the boundary's byte counts ride along in the metrics."""
+    load_into(client.model, codec.decode(job.params))
+    try:
+        metrics = drive(client_steps(client, task, rows, job.settings, job.seed, job.deadline()), transport)
+    finally:
+        transport.close()
+    shared = finite_update(client.model, list(job.params.tensors), metrics)
+    metrics |= {BOUNDARY_UP: float(transport.bytes_sent), BOUNDARY_DOWN: float(transport.bytes_received)}
+    encoded = codec.encode(shared)
+    update = ClientUpdate(job.client_id, len(rows), shared, metrics)
+    return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), encoded
+
+
 def call_trunk(transport: Transport, request: Request) -> Any:
     kind, step, payload = request
     return transport.forward(step, payload) if kind == "forward" else transport.backward(step, payload)
@@ -202,7 +229,8 @@ class SplitExecutor:
                  client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore, settings: LocalSettings,
                  *, transport: str = "inprocess", hook: MessageHook | None = None,
                  progress: Callable[[int], None] | None = None, activation_dtype: str = "float32",
-                 optimizer_state: str = "reset") -> None:
+                 optimizer_state: str = "reset",
+                 remote: Callable[[TrunkBackend, Codec], RemoteClients] | None = None) -> None:
         if trunk_mode not in TRUNK_MODES:
             raise UserError(f"split.trunk_mode = {trunk_mode!r}; choose one of {', '.join(TRUNK_MODES)}")
         if optimizer_state not in OPTIMIZER_STATES:
@@ -212,6 +240,10 @@ class SplitExecutor:
                             "copy per client; use trunk_mode sequential or client_batch, or optimizer_state: reset")
         self.server = SplitModel(model, cut)
         self.parts = split_parts(self.server, client_parts)
+        if remote is not None and (optimizer_state == "carry" or self.parts.local or trunk_mode == "client_batch"):
+            raise UserError("split learning across machines runs trunk_mode sequential or parallel with "
+                            "client_parts share or average and optimizer_state reset (client_batch's lockstep "
+                            "and state kept per client are simulator-only for now)")
         self.trunk_mode = trunk_mode
         self.client_parts = client_parts
         self.task = task
@@ -235,6 +267,7 @@ class SplitExecutor:
         if activation_dtype not in WIRE_DTYPES:
             raise UserError(f"split.activation_dtype = {activation_dtype!r}; choose one of {', '.join(WIRE_DTYPES)}")
         self._connect = self._transports(transport, hook, WIRE_DTYPES[activation_dtype])
+        self.remote = remote(self.backend, codec) if remote is not None else None
 
     # ------------------------------------------------------------------------------------- engine hooks
 
@@ -268,6 +301,8 @@ class SplitExecutor:
         return results
 
     def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         self._pool.shutdown(wait=False)
         closer = getattr(self._connect, "close", None)
         if closer is not None:
@@ -308,6 +343,8 @@ class SplitExecutor:
             load_into(self.server.model, self._round_trunk)  # this client's own copy of the round's trunk
         if not self.carry:
             self.backend.reset_optimizer()
+        if self.remote is not None:
+            return self._remote_turns([job])[0]
         transport = self._connect(str(job.client_id))
         try:
             metrics = drive(self._steps(client, job), transport)
@@ -322,6 +359,12 @@ class SplitExecutor:
         self.backend.expect([str(job.client_id) for job in jobs])
         if not self.carry:
             self.backend.reset_optimizer()
+        if self.remote is not None:
+            results = self._remote_turns(jobs)
+            if self.progress is not None:
+                for job in jobs:
+                    self.progress(job.client_id)
+            return results
         clients = {job.client_id: self._client(i) for i, job in enumerate(jobs)}
         for job in jobs:
             self._prepare_client(clients[job.client_id], job)
@@ -340,6 +383,26 @@ class SplitExecutor:
             if self.progress is not None:
                 self.progress(job.client_id)
         return results
+
+    def _remote_turns(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
+        """Clients on their own machines: each is sent what it would load here (``share``: the parts the
+        previous client finished with) and its report is taken in as the in-process one would be."""
+        if self.client_parts == "share" and self._relay is not None:
+            relayed = self.codec.encode(self._relay)
+            jobs = [dataclasses.replace(job, params=relayed) for job in jobs]
+        results = self.remote.run(jobs)
+        return [self._take_remote(r) if isinstance(r, ClientReport) else r for r in results]
+
+    def _take_remote(self, report: ClientReport) -> ClientReport:
+        metrics = dict(report.update.metrics)
+        boundary_up, boundary_down = int(metrics.pop(BOUNDARY_UP, 0)), int(metrics.pop(BOUNDARY_DOWN, 0))
+        params = dict(report.update.params)
+        if self.client_parts == "share":
+            self._relay, params = params, {}
+        if self.trunk_mode == "parallel":
+            params.update(snapshot(self.server.model, self.parts.trunk))
+        update = dataclasses.replace(report.update, params=params, metrics=metrics)
+        return dataclasses.replace(report, update=update, boundary_up=boundary_up, boundary_down=boundary_down)
 
     def _report(self, job: ClientJob, client: SplitModel, metrics: dict[str, float],
                 transport: Transport) -> ClientReport:
