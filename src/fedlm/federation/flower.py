@@ -437,16 +437,12 @@ def build_server_app(**defaults: Any) -> ServerApp:
         split_remote = None
         if config.split is not None:
             service = TrunkService.from_settings(context, defaults)
-            split_remote = partial(_split_clients, grid=grid, nodes=nodes, experiment=experiment,
+            split_remote = partial(FlowerSplitClients, grid=grid, nodes=nodes, experiment=experiment,
                                    timeout_s=timeout_s, service=service)
         run_single(config, Path(_setting(context, "data-dir", defaults, ".")), Path(run_dir),
                    executor_factory=factory, split_remote=split_remote)
 
     return app
-
-
-def _split_clients(backend: TrunkBackend, codec: Codec, **kwargs: Any) -> FlowerSplitClients:
-    return FlowerSplitClients(backend, codec, **kwargs)
 
 
 # ---- client side ----------------------------------------------------------------------------------------
@@ -463,7 +459,7 @@ class ClientRuntime:
         self.trunk_tokens = trunk_tokens or {}
         self.lock = threading.Lock()
         self._cache: tuple[tuple[str, str], Prepared] | None = None
-        self._split_client: tuple[tuple[str, str], SplitModel] | None = None
+        self._split_client: tuple[Prepared, SplitModel] | None = None
 
     def prepared(self, experiment: str, data_dir: str) -> Prepared:
         key = (config_sha(experiment), data_dir)
@@ -500,7 +496,7 @@ class ClientRuntime:
         with self.lock:
             prep = self.prepared(experiment, self.data_dir_of(context))
             if prep.config.split is not None:
-                report, upload = run_client_turn(self.split_client(prep, experiment), prep.task,
+                report, upload = run_client_turn(self.split_client(prep), prep.task,
                                                  prep.client_train[own], job, codec_from_content(content),
                                                  self.trunk_transport(content, context, prep, own))
                 return report_content(report, upload)
@@ -510,13 +506,12 @@ class ClientRuntime:
             raise RuntimeError("fit_client encoded no upload")
         return report_content(report, codec.upload)
 
-
-    def split_client(self, prep: Prepared, experiment: str) -> SplitModel:
-        """This node's client parts (bottom and top; the trunk a ``meta`` placeholder), made once."""
-        key = (config_sha(experiment), str(id(prep)))
-        if self._split_client is None or self._split_client[0] != key:
+    def split_client(self, prep: Prepared) -> SplitModel:
+        """This node's client parts (bottom and top; the trunk a ``meta`` placeholder), made once per prepared
+        experiment."""
+        if self._split_client is None or self._split_client[0] is not prep:
             spec = prep.config.split
-            self._split_client = key, client_copy(SplitModel(prep.model, Cut(spec.bottom_blocks, spec.top_blocks)))
+            self._split_client = prep, client_copy(SplitModel(prep.model, Cut(spec.bottom_blocks, spec.top_blocks)))
         return self._split_client[1]
 
     def trunk_transport(self, content: RecordDict, context: Context, prep: Prepared, own: int) -> GrpcTransport:

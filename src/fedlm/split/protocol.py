@@ -139,15 +139,17 @@ def client_steps(client: SplitModel, task: Any, rows: Sequence[dict], settings: 
     return tally.metrics(len(rows))
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> NamedTensors:
+def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> NamedTensors:
     """The optimizer's per-parameter state (AdamW's step and moments) as named tensors
     ``<parameter>/<key>``, so it can travel with the parameters like any other update."""
+    names = {id(param): name for name, param in model.named_parameters()}
     return {f"{names[id(param)]}/{key}": value.detach().clone()
             for param, state in optimizer.state.items() for key, value in state.items() if torch.is_tensor(value)}
 
 
-def load_optimizer_tensors(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
-                           tensors: NamedTensors) -> None:
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: NamedTensors) -> None:
+    """The inverse of :func:`optimizer_tensors`: set ``model``'s parameters' state in ``optimizer``."""
+    params = dict(model.named_parameters())
     for full_name, value in tensors.items():
         name, key = full_name.rsplit("/", 1)
         optimizer.state[params[name]][key] = value.clone()
@@ -325,9 +327,8 @@ class SplitExecutor:
     def _steps(self, client: SplitModel, job: ClientJob) -> Generator[Request, Any, dict[str, float]]:
         optimizer = None
         if self.carries_client_state:
-            named = dict(client.model.named_parameters())
             optimizer = make_optimizer([p for p in client.client_parameters() if p.requires_grad], job.settings)
-            load_optimizer_tensors(optimizer, named, self._relay_state)
+            load_optimizer_tensors(optimizer, client.model, self._relay_state)
             self._optimizers[job.client_id] = optimizer, nbytes(self._relay_state)
         return client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed,
                             job.deadline(), optimizer)
@@ -337,14 +338,14 @@ class SplitExecutor:
         return self.carry and self.client_parts == "share"
 
     def _run_turn(self, job: ClientJob) -> ClientReport | ClientFailure:
-        client = self._client(0)
-        self._prepare_client(client, job)
         if self.trunk_mode == "parallel":
             load_into(self.server.model, self._round_trunk)  # this client's own copy of the round's trunk
         if not self.carry:
             self.backend.reset_optimizer()
-        if self.remote is not None:
+        if self.remote is not None:  # the client's parts live on its own machine
             return self._remote_turns([job])[0]
+        client = self._client(0)
+        self._prepare_client(client, job)
         transport = self._connect(str(job.client_id))
         try:
             metrics = drive(self._steps(client, job), transport)
@@ -413,7 +414,7 @@ class SplitExecutor:
         state_received = state_sent = 0
         if self.carries_client_state:
             optimizer, state_received = self._optimizers.pop(job.client_id)
-            self._relay_state = optimizer_tensors(optimizer, {id(p): n for n, p in client.model.named_parameters()})
+            self._relay_state = optimizer_tensors(optimizer, client.model)
             state_sent = nbytes(self._relay_state)
         if self.client_parts == "share":
             self._relay = self.codec.decode(encoded)
