@@ -23,14 +23,14 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from fedlm.federation.client import LocalSettings
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import snapshot
 from fedlm.federation.simulation import ClientStore
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.models.split import Cut
-from fedlm.split.protocol import SplitExecutor
+from fedlm.models.cut import Cut
+from fedlm.split.executor import SplitExecutor
 from fedlm.tasks import get_task
 
 CLIENTS, SEQ, WIDTH, BLOCKS, VOCAB = 8, 128, 256, 4, 8000

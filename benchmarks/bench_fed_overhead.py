@@ -17,13 +17,13 @@ import torch
 
 from fedlm.config import validate
 from fedlm.data.sources import resolve_data_dir
-from fedlm.experiment import prepare
-from fedlm.federation.client import LocalSettings, train_locally
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import RoundEngine, RoundPlan
+from fedlm.federation.local_training import LocalSettings, train_locally
 from fedlm.federation.params import snapshot, trainable_names
 from fedlm.federation.simulation import ClientStore, InProcessExecutor
-from fedlm.federation.strategies import FedAvg
+from fedlm.federation.strategies.base import FedAvg
+from fedlm.run.single import prepare
 
 
 def main() -> None:

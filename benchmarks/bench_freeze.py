@@ -22,9 +22,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from fedlm.federation.client import LocalSettings, train_locally
+from fedlm.federation.client_round import frozen
+from fedlm.federation.local_training import LocalSettings, train_locally
 from fedlm.federation.sharing import layer_of
-from fedlm.federation.worker import frozen
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.tasks.mlm import MaskedLMTask
 

@@ -52,11 +52,11 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not the INFO line on each se
 
 from transformers import BertConfig, BertForMaskedLM
 
-from fedlm.models.split import Activations, Cut, SplitModel
+from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
-from fedlm.split.grpc_transport import GrpcTransport, serve_trunk
-from fedlm.split.transport import InProcessTransport, Transport, TrunkBackend
+from fedlm.split.grpc import GrpcTransport, serve_trunk
+from fedlm.split.trunk import InProcessTransport, Transport, TrunkBackend
 
 SMALL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
          "vocab_size": 8_000}
@@ -138,7 +138,7 @@ class DirectSplit:
 
 
 class TransportSplit:
-    """The split step as a client drives it through a transport (the steps of ``fedlm.split.transport``)."""
+    """The split step as a client drives it through a transport (the steps of ``fedlm.split.trunk``)."""
 
     def __init__(self, split: SplitModel, transport: Transport) -> None:
         self.split = split

@@ -11,15 +11,15 @@ import torch
 
 from fedlm.config import validate
 from fedlm.errors import UserError
-from fedlm.experiment import prepare, run_single
-from fedlm.federation.client import LocalSettings, batch_order, local_seed
+from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundFailed, RoundPlan
+from fedlm.federation.local_training import LocalSettings, batch_order, local_seed
 from fedlm.federation.params import snapshot, trainable_names
 from fedlm.federation.simulation import ClientStore, InProcessExecutor
-from fedlm.federation.strategies import FedAvg, FedProx
-from fedlm.federation.worker import fit_client
-from fedlm.recorder import read_metrics
+from fedlm.federation.strategies.base import FedAvg, FedProx
+from fedlm.run.recorder import read_metrics
+from fedlm.run.single import prepare, run_single
 from tests.conftest import make_sentences, tiny_config
 
 

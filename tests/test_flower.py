@@ -27,13 +27,13 @@ from flwr.supercore.task_identity import TaskIdentity
 from transformers import AutoModelForSequenceClassification
 
 from fedlm.config import dump_config, validate
-from fedlm.experiment import run_single
-from fedlm.federation import flower
-from fedlm.federation.client import LocalSettings
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
-from fedlm.federation.strategies import ClientUpdate
-from fedlm.recorder import read_metrics
+from fedlm.federation.local_training import LocalSettings
+from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.flower import server as flower
+from fedlm.run.recorder import read_metrics
+from fedlm.run.single import run_single
 from fedlm.split.certs import throwaway_certificates
 from tests.conftest import tiny_config
 

@@ -1,6 +1,6 @@
 """Tables and plots from metrics records."""
 
-from fedlm.report import pivot_table, plot_run, summarize
+from fedlm.run.report import pivot_table, plot_run, summarize
 
 RECORDS = [
     {"round": 0, "train_loss": None, "test_accuracy": 0.25, "bytes_up": 0, "bytes_down": 0, "wall_s": 0.5},

@@ -10,17 +10,17 @@ import torch
 
 from fedlm.config import SharingConfig, validate
 from fedlm.errors import UserError
-from fedlm.experiment import run_single
-from fedlm.federation.client import LocalSettings
+from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob
+from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import nbytes
 from fedlm.federation.sharing import FreezeWindow, build_policy, layer_of, num_blocks, select
 from fedlm.federation.simulation import DiskClientStore, InProcessExecutor
-from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt
-from fedlm.federation.worker import fit_client
+from fedlm.federation.strategies.base import ClientUpdate, FedAvg, FedOpt
 from fedlm.models.build import FAMILIES, build_model, build_tokenizer
-from fedlm.recorder import read_metrics
+from fedlm.run.recorder import read_metrics
+from fedlm.run.single import run_single
 from tests.conftest import make_sentences, tiny_config
 
 TASKS = {"bert": "classification", "roberta": "mlm", "distilbert": "classification", "gpt2": "clm",
@@ -181,7 +181,7 @@ def test_disk_store_commits_at_checkpoints_and_drops_uncommitted_writes(tmp_path
 
 
 def test_frozen_parameters_get_no_gradient_are_not_sent_and_stay_put(tmp_path, tiny_csv):
-    from fedlm.experiment import prepare
+    from fedlm.run.single import prepare
 
     raw = tiny_config(tmp_path, tiny_csv)
     prep = prepare(validate(raw), tiny_csv)

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 
 from fedlm.errors import UserError
 from fedlm.models.build import FAMILIES, build_model, build_tokenizer
+from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.models.heads import mlm_head
-from fedlm.models.split import Activations, Cut, SplitModel
 from fedlm.tasks import get_task
 from fedlm.tasks.base import IGNORE_INDEX, Batch
 

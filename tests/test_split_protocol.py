@@ -12,18 +12,18 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 from fedlm.config import validate
 from fedlm.errors import UserError
-from fedlm.experiment import prepare, run_single
-from fedlm.federation.client import LocalSettings, batch_order, make_optimizer
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.local_training import LocalSettings, batch_order, make_optimizer
 from fedlm.federation.params import snapshot
 from fedlm.federation.simulation import ClientStore
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.models.split import Activations, Cut, SplitModel
-from fedlm.recorder import RunRecorder, read_metrics
-from fedlm.split.client_batch import BatchingTrunkBackend
-from fedlm.split.protocol import SplitExecutor, client_copy
-from fedlm.split.transport import TO_CLIENT, TO_SERVER, InProcessTransport, MessageLog
+from fedlm.models.cut import Activations, Cut, SplitModel
+from fedlm.run.recorder import RunRecorder, read_metrics
+from fedlm.run.single import prepare, run_single
+from fedlm.split.executor import SplitExecutor, client_copy
+from fedlm.split.trunk import TO_CLIENT, TO_SERVER, InProcessTransport, MessageLog
+from fedlm.split.trunk_batching import BatchingTrunkBackend
 from fedlm.tasks import get_task
 from fedlm.tasks.base import base_hidden
 from tests.conftest import make_sentences, tiny_config

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 
 from fedlm.cli import _parser, main
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.models.split import Activations, Cut, SplitModel
+from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
-from fedlm.split.grpc_transport import SESSION_METHOD, GrpcTransport, pack_envelope, serve_trunk, unpack_envelope
-from fedlm.split.transport import (
+from fedlm.split.grpc import SESSION_METHOD, GrpcTransport, pack_envelope, serve_trunk, unpack_envelope
+from fedlm.split.trunk import (
     TO_CLIENT,
     TO_SERVER,
     InProcessTransport,
@@ -300,7 +300,7 @@ def test_a_16_bit_boundary_halves_the_activation_bytes_and_keeps_the_step(model,
 
 
 def test_a_message_mixing_float_dtypes_is_refused(model, batch):
-    from fedlm.split.transport import handle_request
+    from fedlm.split.trunk import handle_request
 
     _, backend = _server(model)
     hidden = torch.zeros(*batch["input_ids"].shape, HIDDEN)

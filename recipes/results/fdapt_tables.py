@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from fedlm.experiment import downstream_scores, slug
-from fedlm.recorder import read_metrics
-from fedlm.report import summarize
+from fedlm.run.recorder import read_metrics
+from fedlm.run.report import summarize
+from fedlm.run.single import downstream_scores, slug
 
 ROOT = Path("runs/fdapt")
 SETTINGS = ["original model", "centralized"]

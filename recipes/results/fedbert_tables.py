@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
-from fedlm.experiment import downstream_scores, slug
-from fedlm.models.split import Cut, SplitModel
-from fedlm.recorder import read_metrics
+from fedlm.models.cut import Cut, SplitModel
+from fedlm.run.recorder import read_metrics
+from fedlm.run.single import downstream_scores, slug
 
 METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share",
            "method=Head-Emd Share carry", "method=EmdAvg",

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from fedlm.recorder import read_metrics
-from fedlm.report import summarize
+from fedlm.run.recorder import read_metrics
+from fedlm.run.report import summarize
 
 ROOT = Path("runs/fedsplitbert")
 GOALS = {"sst2": 0.79, "mrpc": 0.65, "ag_news": 0.85, "sst2-10clients": 0.75}  # local-test accuracy

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fedlm.federation.client import LocalSettings, local_seed
 from fedlm.federation.codecs import Codec, Encoded
+from fedlm.federation.local_training import LocalSettings, local_seed
 from fedlm.federation.params import NamedTensors
-from fedlm.federation.strategies import ClientUpdate, FedAvg, sample_clients
+from fedlm.federation.strategies.base import ClientUpdate, FedAvg, sample_clients
 
 log = logging.getLogger("fedlm")
 

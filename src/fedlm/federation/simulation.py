@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from fedlm.federation.client import ClientTimeout
+from fedlm.federation.client_round import NonFiniteUpdate, fit_client
 from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.local_training import ClientTimeout
 from fedlm.federation.params import NamedTensors, nbytes
-from fedlm.federation.worker import NonFiniteUpdate, fit_client
 
 log = logging.getLogger("fedlm")
 

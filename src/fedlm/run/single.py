@@ -18,18 +18,18 @@ from fedlm.data.partition import Partition, PartitionInput, build_partitioner, h
 from fedlm.data.partition_stats import write_partition_report
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
-from fedlm.federation.client import LocalSettings
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundPlan
+from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot, trainable_names
 from fedlm.federation.sharing import SharingPolicy, build_policy, layer_of
 from fedlm.federation.simulation import ClientStore, InProcessExecutor, make_client_store
-from fedlm.federation.strategies import build_strategy
+from fedlm.federation.strategies.base import build_strategy
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.models.split import Cut, SplitModel
-from fedlm.recorder import RunRecorder, read_metrics
-from fedlm.report import markdown_table, plot_grid, plot_run, summarize
-from fedlm.split.protocol import SplitExecutor, split_parts
+from fedlm.models.cut import Cut, SplitModel
+from fedlm.run.recorder import RunRecorder, read_metrics
+from fedlm.run.report import markdown_table, plot_grid, plot_run, summarize
+from fedlm.split.executor import SplitExecutor, split_parts
 from fedlm.tasks import MaskedLMTask, get_task
 
 log = logging.getLogger("fedlm")

@@ -39,7 +39,10 @@ import torch
 from torch import Tensor
 
 from fedlm.errors import UserError
-from fedlm.federation.client import (
+from fedlm.federation.client_round import finite_update
+from fedlm.federation.codecs import Codec, Encoded
+from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.local_training import (
     LocalSettings,
     LossTally,
     batch_order,
@@ -47,16 +50,13 @@ from fedlm.federation.client import (
     clip_and_step,
     make_optimizer,
 )
-from fedlm.federation.codecs import Codec, Encoded
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.simulation import ClientStore, client_failure
-from fedlm.federation.strategies import ClientUpdate
-from fedlm.federation.worker import finite_update
-from fedlm.models.split import Activations, Cut, SplitModel
-from fedlm.split.client_batch import BatchingTrunkBackend
-from fedlm.split.transport import WIRE_DTYPES, InProcessTransport, MessageHook, Transport, TrunkBackend
+from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.models.cut import Activations, Cut, SplitModel
+from fedlm.split.trunk import WIRE_DTYPES, InProcessTransport, MessageHook, Transport, TrunkBackend
+from fedlm.split.trunk_batching import BatchingTrunkBackend
 from fedlm.tasks.base import model_inputs
 
 TRUNK_MODES = ("sequential", "parallel", "client_batch")
@@ -455,7 +455,7 @@ class LoopbackGrpc:
     def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None,
                  wire_dtype: torch.dtype = torch.float32) -> None:
         from fedlm.split.certs import throwaway_certificates
-        from fedlm.split.grpc_transport import serve_trunk
+        from fedlm.split.grpc import serve_trunk
 
         self._certs = throwaway_certificates("localhost")
         self._tokens = {cid: secrets.token_hex(16) for cid in client_ids}
@@ -465,7 +465,7 @@ class LoopbackGrpc:
                                   max_sessions=max(16, len(client_ids) + 4), hook=hook)
 
     def __call__(self, client_id: str) -> Transport:
-        from fedlm.split.grpc_transport import GrpcTransport
+        from fedlm.split.grpc import GrpcTransport
 
         return GrpcTransport(f"localhost:{self.server.port}", client_id, self._tokens[client_id],
                              root_cert_pem=self._certs["ca"], timeout_s=600.0, wire_dtype=self._wire_dtype)

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from fedlm.federation.client import train_locally
 from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.local_training import train_locally
 from fedlm.federation.params import NamedTensors, all_finite, load_into, snapshot
-from fedlm.federation.strategies import ClientUpdate
+from fedlm.federation.strategies.base import ClientUpdate
 
 
 class NonFiniteUpdate(RuntimeError):

@@ -75,13 +75,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     from fedlm.data.sources import resolve_data_dir
 
     if args.command == "report":
-        from fedlm.commands import report_runs
+        from fedlm.cli.commands import report_runs
 
         report_runs([Path(p) for p in args.run_dirs], args.rows, args.cols, args.headline)
         return 0
     if args.command == "run":
         if args.resume:
-            from fedlm.experiment import resume_run
+            from fedlm.run.single import resume_run
 
             resume_run(Path(args.resume), resolve_data_dir(args.data_dir))
             return 0
@@ -89,7 +89,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise UserError("fedlm run needs a CONFIG file (or --resume RUN_DIR)")
         config = load_config(args.config, args.overrides)
         data_dir = resolve_data_dir(args.data_dir)
-        from fedlm.experiment import run_config
+        from fedlm.run.single import run_config
 
         out = run_config(config, data_dir, Path(args.output_dir) if args.output_dir else None)
         print(f"run directory: {out}")
@@ -97,7 +97,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "trunk":
         return _trunk_serve(args)
     if args.command == "partition":
-        from fedlm.commands import partition_report
+        from fedlm.cli.commands import partition_report
 
         config = load_config(args.config, args.overrides)
         out = partition_report(config, resolve_data_dir(args.data_dir), Path(args.out) if args.out else None)
@@ -108,7 +108,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _trunk_serve(args: argparse.Namespace) -> int:
     """Check every file and option first (cheap), then build the model as its clients do and serve its trunk."""
-    from fedlm.split.grpc_transport import load_tokens
+    from fedlm.split.grpc import load_tokens
 
     tokens = load_tokens(args.tokens_file)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -124,11 +124,11 @@ def _trunk_serve(args: argparse.Namespace) -> int:
 
     from fedlm.config import load_config
     from fedlm.data.sources import resolve_data_dir
-    from fedlm.experiment import prepare
-    from fedlm.federation.client import LocalSettings, make_optimizer
-    from fedlm.models.split import Cut, SplitModel
-    from fedlm.split.grpc_transport import serve_trunk
-    from fedlm.split.transport import TrunkBackend
+    from fedlm.federation.local_training import LocalSettings, make_optimizer
+    from fedlm.models.cut import Cut, SplitModel
+    from fedlm.run.single import prepare
+    from fedlm.split.grpc import serve_trunk
+    from fedlm.split.trunk import TrunkBackend
 
     config = load_config(args.config)
     model = prepare(config, resolve_data_dir(args.data_dir)).model.train()
@@ -156,6 +156,3 @@ def _read_pem(path: str, option: str) -> bytes:
         raise UserError(f"{option} {path} is not a PEM file")
     return data
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

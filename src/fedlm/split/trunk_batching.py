@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from fedlm.models.split import Activations
-from fedlm.split.transport import RejectedMessage, TrunkBackend, _check_grad, _check_step
+from fedlm.models.cut import Activations
+from fedlm.split.trunk import RejectedMessage, TrunkBackend, _check_grad, _check_step
 
 __all__ = ["BatchingTrunkBackend", "concat_activations"]
 

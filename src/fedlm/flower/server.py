@@ -100,17 +100,17 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlm.config import dump_config, read_yaml, validate
 from fedlm.errors import UserError
-from fedlm.experiment import Prepared, num_clients_of, prepare, run_single, slug
-from fedlm.federation.client import ClientTimeout, LocalSettings
+from fedlm.federation.client_round import NonFiniteUpdate, fit_client
 from fedlm.federation.codecs import Codec, Encoded, get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.local_training import ClientTimeout, LocalSettings
 from fedlm.federation.params import NamedTensors, all_finite, nbytes
-from fedlm.federation.strategies import ClientUpdate
-from fedlm.federation.worker import NonFiniteUpdate, fit_client
-from fedlm.models.split import Cut, SplitModel
-from fedlm.split.grpc_transport import GrpcTransport, load_tokens, serve_trunk
-from fedlm.split.protocol import client_copy, run_client_turn
-from fedlm.split.transport import WIRE_DTYPES, TrunkBackend
+from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.models.cut import Cut, SplitModel
+from fedlm.run.single import Prepared, num_clients_of, prepare, run_single, slug
+from fedlm.split.executor import client_copy, run_client_turn
+from fedlm.split.grpc import GrpcTransport, load_tokens, serve_trunk
+from fedlm.split.trunk import WIRE_DTYPES, TrunkBackend
 
 log = logging.getLogger("fedlm")
 

@@ -27,8 +27,8 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor, nn
 
-from fedlm.federation.client import clip_and_step
-from fedlm.models.split import Activations
+from fedlm.federation.local_training import clip_and_step
+from fedlm.models.cut import Activations
 from fedlm.split import wire
 
 __all__ = [

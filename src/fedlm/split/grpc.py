@@ -36,7 +36,7 @@ import yaml
 
 from fedlm.errors import UserError
 from fedlm.split import wire
-from fedlm.split.transport import (
+from fedlm.split.trunk import (
     TO_CLIENT,
     MessageHook,
     RejectedMessage,
