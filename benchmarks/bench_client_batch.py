@@ -27,7 +27,7 @@ from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import snapshot
-from fedlm.federation.simulation import ClientStore
+from fedlm.federation.store import ClientStore
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Cut
 from fedlm.split.executor import SplitExecutor

@@ -21,9 +21,10 @@ from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import RoundEngine, RoundPlan
 from fedlm.federation.local_training import LocalSettings, train_locally
 from fedlm.federation.params import snapshot, trainable_names
-from fedlm.federation.simulation import ClientStore, InProcessExecutor
-from fedlm.federation.strategies.base import FedAvg
-from fedlm.run.single import prepare
+from fedlm.federation.simulation import InProcessExecutor
+from fedlm.federation.store import ClientStore
+from fedlm.federation.strategies import FedAvg
+from fedlm.run.prepare import prepare
 
 
 def main() -> None:

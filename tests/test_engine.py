@@ -16,10 +16,12 @@ from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundFailed, RoundPlan
 from fedlm.federation.local_training import LocalSettings, batch_order, local_seed
 from fedlm.federation.params import snapshot, trainable_names
-from fedlm.federation.simulation import ClientStore, InProcessExecutor
-from fedlm.federation.strategies.base import FedAvg, FedProx
+from fedlm.federation.simulation import InProcessExecutor
+from fedlm.federation.store import ClientStore
+from fedlm.federation.strategies import FedAvg, FedProx
+from fedlm.run.prepare import prepare
 from fedlm.run.recorder import read_metrics
-from fedlm.run.single import prepare, run_single
+from fedlm.run.single import run_single
 from tests.conftest import make_sentences, tiny_config
 
 

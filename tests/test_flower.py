@@ -30,7 +30,7 @@ from fedlm.config import dump_config, validate
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
-from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.federation.strategies import ClientUpdate
 from fedlm.flower import server as flower
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single

@@ -16,8 +16,9 @@ from fedlm.federation.engine import ClientJob
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import nbytes
 from fedlm.federation.sharing import FreezeWindow, build_policy, layer_of, num_blocks, select
-from fedlm.federation.simulation import DiskClientStore, InProcessExecutor
-from fedlm.federation.strategies.base import ClientUpdate, FedAvg, FedOpt
+from fedlm.federation.simulation import InProcessExecutor
+from fedlm.federation.store import DiskClientStore
+from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt
 from fedlm.models.build import FAMILIES, build_model, build_tokenizer
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
@@ -181,7 +182,7 @@ def test_disk_store_commits_at_checkpoints_and_drops_uncommitted_writes(tmp_path
 
 
 def test_frozen_parameters_get_no_gradient_are_not_sent_and_stay_put(tmp_path, tiny_csv):
-    from fedlm.run.single import prepare
+    from fedlm.run.prepare import prepare
 
     raw = tiny_config(tmp_path, tiny_csv)
     prep = prepare(validate(raw), tiny_csv)

@@ -16,11 +16,12 @@ from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings, batch_order, make_optimizer
 from fedlm.federation.params import snapshot
-from fedlm.federation.simulation import ClientStore
+from fedlm.federation.store import ClientStore
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Activations, Cut, SplitModel
+from fedlm.run.prepare import prepare
 from fedlm.run.recorder import RunRecorder, read_metrics
-from fedlm.run.single import prepare, run_single
+from fedlm.run.single import run_single
 from fedlm.split.executor import SplitExecutor, client_copy
 from fedlm.split.trunk import TO_CLIENT, TO_SERVER, InProcessTransport, MessageLog
 from fedlm.split.trunk_batching import BatchingTrunkBackend

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedlm.federation.params import weighted_mean
-from fedlm.federation.strategies.base import ClientUpdate, FedAvg, FedOpt, FedProx, sample_clients
+from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt, FedProx, sample_clients
 
 
 def _update(cid: int, n: int, value: list[float]) -> ClientUpdate:

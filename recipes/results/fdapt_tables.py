@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from fedlm.run.recorder import read_metrics
+from fedlm.run.downstream import downstream_scores
+from fedlm.run.recorder import read_metrics, slug
 from fedlm.run.report import summarize
-from fedlm.run.single import downstream_scores, slug
 
 ROOT = Path("runs/fdapt")
 SETTINGS = ["original model", "centralized"]

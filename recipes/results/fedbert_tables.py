@@ -11,8 +11,8 @@ import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
 from fedlm.models.cut import Cut, SplitModel
-from fedlm.run.recorder import read_metrics
-from fedlm.run.single import downstream_scores, slug
+from fedlm.run.downstream import downstream_scores
+from fedlm.run.recorder import read_metrics, slug
 
 METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share",
            "method=Head-Emd Share carry", "method=EmdAvg",

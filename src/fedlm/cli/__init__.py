@@ -81,7 +81,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "run":
         if args.resume:
-            from fedlm.run.single import resume_run
+            from fedlm.run.grid import resume_run
 
             resume_run(Path(args.resume), resolve_data_dir(args.data_dir))
             return 0
@@ -89,7 +89,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise UserError("fedlm run needs a CONFIG file (or --resume RUN_DIR)")
         config = load_config(args.config, args.overrides)
         data_dir = resolve_data_dir(args.data_dir)
-        from fedlm.run.single import run_config
+        from fedlm.run.grid import run_config
 
         out = run_config(config, data_dir, Path(args.output_dir) if args.output_dir else None)
         print(f"run directory: {out}")
@@ -126,7 +126,7 @@ def _trunk_serve(args: argparse.Namespace) -> int:
     from fedlm.data.sources import resolve_data_dir
     from fedlm.federation.local_training import LocalSettings, make_optimizer
     from fedlm.models.cut import Cut, SplitModel
-    from fedlm.run.single import prepare
+    from fedlm.run.prepare import prepare
     from fedlm.split.grpc import serve_trunk
     from fedlm.split.trunk import TrunkBackend
 

@@ -13,7 +13,8 @@ def partition_report(config: ExperimentConfig, data_dir: Path, out_dir: Path | N
     from fedlm.data.partition import build_partitioner, partition_cached
     from fedlm.data.partition_stats import write_partition_report
     from fedlm.data.sources import load_source
-    from fedlm.run.single import num_clients_of, partition_input, slug
+    from fedlm.run.prepare import num_clients_of, partition_input
+    from fedlm.run.recorder import slug
 
     loaded = load_source(config.data.source, data_dir, columns=config.data.columns,
                          file_format=config.data.format, test_fraction=config.data.test_fraction,
@@ -63,9 +64,9 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
 
     import yaml
 
+    from fedlm.run.downstream import downstream_scores
     from fedlm.run.recorder import read_metrics
     from fedlm.run.report import markdown_table, pivot_table, plot_run, summarize
-    from fedlm.run.single import downstream_scores
     from fedlm.tasks import get_task
 
     rows, cells = [], []

@@ -7,18 +7,21 @@ part stays with the client and frozen parameters are not sent back.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
 from fedlm.federation.codecs import Codec
-from fedlm.federation.engine import ClientJob, ClientReport
-from fedlm.federation.local_training import train_locally
+from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.local_training import ClientTimeout, train_locally
 from fedlm.federation.params import NamedTensors, all_finite, load_into, snapshot
-from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.federation.strategies import ClientUpdate
+from fedlm.tasks import Task
+
+log = logging.getLogger("fedlm")
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -44,13 +47,18 @@ def finite_update(model: torch.nn.Module, names: Sequence[str], metrics: dict[st
     if not math.isfinite(metrics["train_loss"]):
         raise NonFiniteUpdate(f"train loss is {metrics['train_loss']}")
     shared = snapshot(model, list(names))
-    bad = all_finite(shared)
-    if bad is not None:
-        raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
+    refuse_non_finite(shared)
     return shared
 
 
-def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: ClientJob, codec: Codec,
+def refuse_non_finite(update: NamedTensors) -> None:
+    """Raise :class:`NonFiniteUpdate` naming the first tensor of ``update`` that holds NaN or Inf."""
+    bad = all_finite(update)
+    if bad is not None:
+        raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
+
+
+def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: ClientJob, codec: Codec,
                local_state: NamedTensors | None, local_names: list[str]) -> tuple[ClientReport, NamedTensors]:
     """Run one client's round; returns what it uploads and its new local state."""
     received = codec.decode(job.params)
@@ -67,3 +75,19 @@ def fit_client(model: torch.nn.Module, task: Any, rows: Sequence[dict], job: Cli
     encoded = codec.encode(shared)
     update = ClientUpdate(job.client_id, len(rows), codec.decode(encoded), metrics)
     return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), snapshot(model, local_names)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """How a client's failure reads in the run's records, wherever the client ran (simulator, split, Flower):
+    timeouts and non-finite updates by name, anything else as the exception."""
+    if isinstance(exc, ClientTimeout):
+        return f"timeout: {exc}"
+    if isinstance(exc, NonFiniteUpdate):
+        return f"non-finite update: {exc}"
+    return f"exception: {type(exc).__name__}: {exc}"
+
+
+def client_failure(client_id: int, exc: BaseException) -> ClientFailure:
+    """A client's exception as the engine's record of a left-out client (the traceback goes to the debug log)."""
+    log.debug("client %d failed", client_id, exc_info=exc)
+    return ClientFailure(client_id, failure_reason(exc))

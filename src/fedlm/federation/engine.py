@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.local_training import LocalSettings, local_seed
 from fedlm.federation.params import NamedTensors
-from fedlm.federation.strategies.base import ClientUpdate, FedAvg, sample_clients
+from fedlm.federation.strategies.base import ClientUpdate, Strategy, sample_clients
 
 log = logging.getLogger("fedlm")
 
@@ -58,7 +58,12 @@ class ClientReport:
 
 
 class Executor(Protocol):
+    """Where a round's clients run: in this process (simulation), on Flower nodes, or against a split trunk.
+    ``run`` returns one result per job, in job order; ``close`` releases what it holds (servers, threads)."""
+
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]: ...
+
+    def close(self) -> None: ...
 
 
 class RoundFailed(RuntimeError):
@@ -91,11 +96,13 @@ class EngineHooks:
     frozen_for: Callable[[int, list[int], int], tuple[str, ...]] | None = None  # (round, clients, client)
     downlink: Callable[[NamedTensors], NamedTensors] | None = None  # what clients get (split: never the trunk)
     begin_round: Callable[[int, NamedTensors], None] | None = None  # server-side state (the split trunk) takes it
+    server_params: Callable[[], NamedTensors] | None = None  # global parameters the server trained itself this
+    # round (split: the one trunk, the parts handed client to client); they replace the aggregate's values
 
 
 @dataclass
 class RoundEngine:
-    strategy: FedAvg
+    strategy: Strategy
     executor: Executor
     codec: Codec
     client_ids: list[int]
@@ -156,6 +163,8 @@ class RoundEngine:
         train_s = time.perf_counter() - started  # clients' share of the round (FFDAPT's saving shows here)
         if global_params:
             global_params = self.strategy.aggregate(global_params, updates)
+            if self.hooks.server_params is not None:
+                global_params = {**global_params, **self.hooks.server_params()}
         record = self._round_record(round_idx, reports, failures, (download_bytes, download_meta), sent.total_bytes)
         record["train_s"] = train_s
         if self._due(round_idx, self.plan.eval_every) and self.hooks.evaluate is not None:

@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
+from fedlm.config import TrainConfig
 from fedlm.federation.params import NamedTensors
+from fedlm.tasks import Task
 
 
 class ClientTimeout(RuntimeError):
@@ -40,7 +42,7 @@ class LocalSettings:
     mu: float = 0.0
 
     @classmethod
-    def from_config(cls, train: Any, extra: dict[str, Any] | None = None) -> LocalSettings:
+    def from_config(cls, train: TrainConfig, extra: dict[str, Any] | None = None) -> LocalSettings:
         fields = {k: getattr(train, k) for k in cls.__dataclass_fields__ if hasattr(train, k)}
         fields.update(extra or {})
         return cls(**fields)
@@ -105,7 +107,7 @@ class LossTally:
                 "examples": float(examples)}
 
 
-def train_locally(model: torch.nn.Module, task: Any, rows: Sequence[dict], settings: LocalSettings, *,
+def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], settings: LocalSettings, *,
                   seed: int, anchor: NamedTensors | None = None, deadline: float | None = None,
                   on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """Train ``model`` in place on ``rows`` (pre-tokenized examples); return train loss and counts."""

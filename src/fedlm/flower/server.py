@@ -105,9 +105,11 @@ from fedlm.federation.codecs import Codec, Encoded, get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import ClientTimeout, LocalSettings
 from fedlm.federation.params import NamedTensors, all_finite, nbytes
-from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.federation.strategies import ClientUpdate
 from fedlm.models.cut import Cut, SplitModel
-from fedlm.run.single import Prepared, num_clients_of, prepare, run_single, slug
+from fedlm.run.prepare import Prepared, num_clients_of, prepare
+from fedlm.run.recorder import slug
+from fedlm.run.single import run_single
 from fedlm.split.executor import client_copy, run_client_turn
 from fedlm.split.grpc import GrpcTransport, load_tokens, serve_trunk
 from fedlm.split.trunk import WIRE_DTYPES, TrunkBackend
@@ -292,6 +294,9 @@ class FlowerExecutor:
             if self.progress is not None:
                 self.progress(job.client_id)
         return [results[job.client_id] for job in jobs]
+
+    def close(self) -> None:
+        """Nothing to release: the nodes outlive the run."""
 
     def _no_reply(self) -> str:
         return f"timeout: no reply within {self.timeout_s:.0f}s" if self.timeout_s else "no reply"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ class RunRecorder:
         self.run_dir = run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = run_dir / "metrics.jsonl"
+
+    def start_afresh(self, config_yaml: str) -> None:
+        """A new run: no metrics from an earlier one, and the resolved config written first."""
+        if self.metrics_path.exists():
+            self.metrics_path.unlink()
+        self.write_text("config.yaml", config_yaml)
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
         (self.run_dir / name).write_text(json.dumps(_clean(payload), indent=2))
@@ -91,3 +98,14 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             raise UserError(f"{path} line {number} is not valid JSON; delete that line to continue") from None
     return records
+
+
+def slug(text: str) -> str:
+    """A run name as a directory name."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_") or "run"
+
+
+def finished(run_dir: Path, rounds: int) -> bool:
+    """The run recorded its last round and saved its final model."""
+    records = read_metrics(run_dir)
+    return bool(records) and records[-1].get("round") == rounds and (run_dir / "model").exists()

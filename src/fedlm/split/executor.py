@@ -38,8 +38,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from fedlm.config import SplitConfig
 from fedlm.errors import UserError
-from fedlm.federation.client_round import finite_update
+from fedlm.federation.client_round import client_failure, finite_update
 from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import (
@@ -52,12 +53,12 @@ from fedlm.federation.local_training import (
 )
 from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot
 from fedlm.federation.sharing import SharingPolicy
-from fedlm.federation.simulation import ClientStore, client_failure
-from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.federation.store import ClientStore
+from fedlm.federation.strategies import ClientUpdate
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split.trunk import WIRE_DTYPES, InProcessTransport, MessageHook, Transport, TrunkBackend
 from fedlm.split.trunk_batching import BatchingTrunkBackend
-from fedlm.tasks.base import model_inputs
+from fedlm.tasks.base import Task, model_inputs
 
 TRUNK_MODES = ("sequential", "parallel", "client_batch")
 CLIENT_PARTS = ("share", "average_bottom", "average", "local")
@@ -472,3 +473,18 @@ class LoopbackGrpc:
 
     def close(self) -> None:
         self.server.stop(grace=1.0)
+
+
+def split_policy(model: torch.nn.Module, spec: SplitConfig) -> SharingPolicy:
+    """The engine's view of a split run: the trunk and the shared client parts are global, the kept ones local."""
+    return split_parts(SplitModel(model, Cut(spec.bottom_blocks, spec.top_blocks)), spec.client_parts).policy()
+
+
+def build_split_executor(model: torch.nn.Module, spec: SplitConfig, task: Task, client_rows: dict[int, Sequence[dict]],
+                         codec: Codec, store: ClientStore, settings: LocalSettings, *,
+                         progress: Callable[[int], None] | None = None,
+                         remote: Callable[[TrunkBackend, Codec], RemoteClients] | None = None) -> SplitExecutor:
+    """The executor a config's ``split`` section describes."""
+    return SplitExecutor(model, Cut(spec.bottom_blocks, spec.top_blocks), spec.trunk_mode, spec.client_parts, task,
+                         client_rows, codec, store, settings, transport=spec.transport, progress=progress,
+                         activation_dtype=spec.activation_dtype, optimizer_state=spec.optimizer_state, remote=remote)

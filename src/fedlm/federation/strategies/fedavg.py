@@ -1,0 +1,35 @@
+"""FedAvg: McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data" (2017)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedlm.federation.params import NamedTensors, weighted_mean
+from fedlm.federation.strategies.base import ClientUpdate
+
+
+class FedAvg:
+    r"""Average the clients' parameters, weighted by their example counts.
+
+    .. math::  w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{j \in S_t} n_j} \, w_k^{t+1}
+
+    where :math:`S_t` is the round's reporting clients and :math:`n_k` client k's training examples. A tensor
+    is averaged over the clients that sent it (a client that froze it this round did not); a tensor nobody
+    sent keeps its current value. Centralized and isolated runs aggregate this way too.
+    """
+
+    name = "fedavg"
+
+    def client_config(self) -> dict[str, Any]:
+        return {}
+
+    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
+        merged = dict(current)
+        merged.update(weighted_mean([(u.params, float(u.num_examples)) for u in updates]))
+        return merged
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state

@@ -1,0 +1,92 @@
+"""FedOpt: Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fedlm.federation.params import NamedTensors
+from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.federation.strategies.fedavg import FedAvg
+
+# (x, delta, m, v, hyper-parameters) -> (new x, new m, new v); m and v start as None
+ServerStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, "FedOpt"],
+                      tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+
+
+def _sgdm(x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor | None, v: torch.Tensor | None,
+          opt: FedOpt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Heavy-ball SGD on the pseudo-gradient -delta: m = momentum m - delta; x = x - lr m (FedNLP's default)."""
+    m = -delta if m is None else opt.momentum * m - delta
+    return x - opt.lr * m, m, v
+
+
+def _adaptive(second_moment: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> ServerStep:
+    """FedAdagrad / FedAdam / FedYogi: m = b1 m + (1 - b1) delta; v from its rule; x = x + lr m / (sqrt(v) + tau)."""
+
+    def step(x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor | None, v: torch.Tensor | None,
+             opt: FedOpt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        m = opt.beta1 * (torch.zeros_like(x) if m is None else m) + (1 - opt.beta1) * delta
+        v = second_moment(torch.zeros_like(x) if v is None else v, delta * delta, opt.beta2)
+        return x + opt.lr * m / (v.sqrt() + opt.tau), m, v
+
+    return step
+
+
+SERVER_OPTIMIZERS: dict[str, ServerStep] = {
+    "sgdm": _sgdm,
+    "adagrad": _adaptive(lambda v, sq, beta2: v + sq),
+    "adam": _adaptive(lambda v, sq, beta2: beta2 * v + (1 - beta2) * sq),
+    "yogi": _adaptive(lambda v, sq, beta2: v - (1 - beta2) * sq * torch.sign(v - sq)),
+}
+
+
+class FedOpt(FedAvg):
+    r"""Treat the averaged change as a pseudo-gradient and step a server optimizer on it.
+
+    .. math::  \Delta^t = \bar w^{t+1} - w^t, \qquad w^{t+1} = \mathrm{ServerOpt}(w^t, -\Delta^t)
+
+    with :math:`\bar w^{t+1}` FedAvg's average. ServerOpt is one of :data:`SERVER_OPTIMIZERS`: ``sgdm``
+    (heavy-ball SGD, FedNLP's default), or the paper's ``adagrad`` (:math:`v \mathrel{+}= \Delta^2`),
+    ``adam`` (:math:`v = \beta_2 v + (1-\beta_2)\Delta^2`) and ``yogi``
+    (:math:`v = v - (1-\beta_2)\Delta^2 \operatorname{sign}(v - \Delta^2)`), each with
+    :math:`m = \beta_1 m + (1-\beta_1)\Delta` and :math:`w = w + \eta\, m / (\sqrt v + \tau)`, no bias correction.
+    """
+
+    name = "fedopt"
+
+    def __init__(self, optimizer: str, lr: float, momentum: float = 0.9, beta1: float = 0.9,
+                 beta2: float = 0.99, tau: float = 1e-3) -> None:
+        if optimizer not in SERVER_OPTIMIZERS:
+            raise ValueError(f"server optimizer {optimizer!r} is not one of {', '.join(SERVER_OPTIMIZERS)}")
+        self.optimizer = optimizer
+        self._step = SERVER_OPTIMIZERS[optimizer]
+        self.lr = lr
+        self.momentum = momentum
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.tau = tau
+        self.m: NamedTensors = {}
+        self.v: NamedTensors = {}
+
+    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
+        sent = {name for u in updates for name in u.params}
+        averaged = super().aggregate(current, updates)
+        return {name: self._apply(name, current[name], averaged[name] - current[name]) if name in sent
+                else current[name] for name in current}
+
+    def _apply(self, name: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        new, m, v = self._step(x, delta, self.m.get(name), self.v.get(name), self)
+        self.m[name] = m
+        if v is not None:
+            self.v[name] = v
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"m": self.m, "v": self.v}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.m = dict(state.get("m", {}))
+        self.v = dict(state.get("v", {}))

@@ -1,0 +1,122 @@
+"""Config -> data -> partition -> tokenizer -> model -> task: everything a run needs, built once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from fedlm.config import ExperimentConfig
+from fedlm.data.partition import Partition, PartitionInput, build_partitioner, holdout_split, partition_cached
+from fedlm.data.sources import LoadedData, load_source
+from fedlm.errors import UserError
+from fedlm.models.build import build_model, build_tokenizer
+from fedlm.tasks import MaskedLMTask, Task, get_task
+
+DECODERS = ("gpt2", "llama")
+
+
+def resolve_task(requested: str, data_kind: str, family: str) -> str:
+    """The task a run trains: the config's, or the one its data implies (LM text -> masked or causal LM)."""
+    if requested != "auto":
+        if requested not in ("mlm", "clm") and data_kind == "lm":
+            raise UserError(f"task = {requested!r} needs labels, but the data source is unlabeled text")
+        return requested
+    if data_kind == "lm":
+        return "clm" if family in DECODERS else "mlm"
+    return data_kind
+
+
+def num_clients_of(config: ExperimentConfig) -> int:
+    return 1 if config.protocol.kind == "centralized" else config.partition.num_clients
+
+
+def build_task(config: ExperimentConfig, task_name: str) -> Task:
+    """The task object; ``train.mask_rate`` belongs to masked LM only."""
+    if task_name == "mlm":
+        return get_task(task_name, mask_rate=config.train.mask_rate)
+    if config.train.mask_rate != MaskedLMTask.default_mask_rate:
+        raise UserError(f"train.mask_rate is for masked LM, but the task is {task_name}: remove train.mask_rate")
+    return get_task(task_name)
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built once: per-client tokenized rows, the model, the task."""
+
+    config: ExperimentConfig
+    loaded: LoadedData
+    task_name: str
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    model: torch.nn.Module
+    client_train: dict[int, list[dict]]
+    client_test: dict[int, list[dict]]
+    test_rows: list[dict]
+    train_partition: Partition
+    train_input: PartitionInput
+    partition_sizes: dict[str, list[int]] = field(default_factory=dict)
+
+
+def partition_input(loaded: LoadedData, split: str) -> PartitionInput:
+    """What a partitioner sees of one split: its size, labels, texts and any extra (natural) columns."""
+    ds = loaded.splits[split]
+    labels = np.asarray(ds["label"]) if "label" in ds.column_names else None
+    extra = {c: ds[c] for c in ds.column_names if c not in ("text", "text_pair", "label")}
+    return PartitionInput(n=len(ds), labels=labels, texts=ds["text"], columns=extra or None,
+                          fingerprint=f"{loaded.fingerprint}:{split}")
+
+
+def split_rows(task: Task, ds: datasets.Dataset, part: Partition, tokenizer: PreTrainedTokenizerBase,
+               max_length: int) -> dict[int, list[dict]]:
+    """Tokenize each client's share separately: for LM tasks a client's blocks are packed from its own text."""
+    rows = {}
+    for cid in range(part.num_clients):
+        idx = part.client_indices(cid)
+        rows[cid] = task.preprocess(ds.select(idx), tokenizer, max_length).to_list() if len(idx) else []
+    return rows
+
+
+def load_data(config: ExperimentConfig, data_dir: Path) -> LoadedData:
+    data = config.data
+    return load_source(data.source, data_dir, columns=data.columns, file_format=data.format,
+                       test_fraction=data.test_fraction, seed=config.seed,
+                       max_train_examples=data.max_train_examples, max_test_examples=data.max_test_examples)
+
+
+def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = None) -> Prepared:
+    loaded = load_data(config, data_dir)
+    task_name = resolve_task(config.task, loaded.kind, config.model.family)
+    n_clients = num_clients_of(config)
+    spec = {"kind": "iid"} if n_clients == 1 else config.partition.spec()
+    partitioner = build_partitioner(spec)
+    train_input = partition_input(loaded, "train")
+    train_part = partition_cached(partitioner, train_input, n_clients, config.seed, cache_dir)
+    train = loaded.splits["train"]
+    if partitioner.holdout > 0:  # local test splits carved from each client's own training share
+        train_part, test_part = holdout_split(train_part, partitioner.holdout, config.seed)
+        local_test_source = train
+    else:  # the test split partitioned with the same seed: each client's label mix matches its train share
+        test_part = partition_cached(partitioner, partition_input(loaded, "test"), n_clients, config.seed, cache_dir)
+        local_test_source = loaded.splits["test"]
+    texts = list(train["text"]) + (list(train["text_pair"]) if "text_pair" in train.column_names else [])
+    tokenizer = build_tokenizer(config.model.checkpoint, config.model.family, texts,
+                                config.model.vocab_size, cache_dir)
+    num_labels = len(loaded.label_names) if loaded.label_names else None
+    model = build_model(config.model.family, config.model.preset, task_name, tokenizer, num_labels=num_labels,
+                        checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed)
+    task = build_task(config, task_name)
+    max_len = config.model.max_length
+    test_ds = task.preprocess(loaded.splits["test"], tokenizer, max_len)
+    return Prepared(
+        config=config, loaded=loaded, task_name=task_name, task=task, tokenizer=tokenizer, model=model,
+        client_train=split_rows(task, train, train_part, tokenizer, max_len),
+        client_test=split_rows(task, local_test_source, test_part, tokenizer, max_len),
+        test_rows=test_ds.to_list(),
+        partition_sizes={"train": train_part.sizes().tolist(), "test": test_part.sizes().tolist()},
+        train_partition=train_part, train_input=train_input,
+    )
