@@ -56,7 +56,8 @@ from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
 from fedlm.split.grpc import GrpcTransport, serve_trunk
-from fedlm.split.trunk import InProcessTransport, Transport, TrunkBackend
+from fedlm.split.transport import InProcessTransport, Transport
+from fedlm.split.trunk import TrunkBackend
 
 SMALL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
          "vocab_size": 8_000}

@@ -22,8 +22,10 @@ from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.run.prepare import prepare
 from fedlm.run.recorder import RunRecorder, read_metrics
 from fedlm.run.single import run_single
-from fedlm.split.executor import SplitExecutor, client_copy
-from fedlm.split.trunk import TO_CLIENT, TO_SERVER, InProcessTransport, MessageLog
+from fedlm.split.executor import SplitExecutor
+from fedlm.split.parts import client_copy
+from fedlm.split.transport import InProcessTransport
+from fedlm.split.trunk import TO_CLIENT, TO_SERVER, MessageLog
 from fedlm.split.trunk_batching import BatchingTrunkBackend
 from fedlm.tasks import get_task
 from fedlm.tasks.base import base_hidden

@@ -21,13 +21,12 @@ from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
 from fedlm.split.grpc import SESSION_METHOD, GrpcTransport, pack_envelope, serve_trunk, unpack_envelope
+from fedlm.split.transport import InProcessTransport, TransportError
 from fedlm.split.trunk import (
     TO_CLIENT,
     TO_SERVER,
-    InProcessTransport,
     MessageLog,
     RejectedMessage,
-    TransportError,
     TrunkBackend,
 )
 from fedlm.tasks import get_task

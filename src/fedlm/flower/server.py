@@ -110,8 +110,9 @@ from fedlm.models.cut import Cut, SplitModel
 from fedlm.run.prepare import Prepared, num_clients_of, prepare
 from fedlm.run.recorder import slug
 from fedlm.run.single import run_single
-from fedlm.split.executor import client_copy, run_client_turn
+from fedlm.split.client import run_client_turn
 from fedlm.split.grpc import GrpcTransport, load_tokens, serve_trunk
+from fedlm.split.parts import client_copy
 from fedlm.split.trunk import WIRE_DTYPES, TrunkBackend
 
 log = logging.getLogger("fedlm")

@@ -29,42 +29,45 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import secrets
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor
 
 from fedlm.config import SplitConfig
 from fedlm.errors import UserError
 from fedlm.federation.client_round import client_failure, finite_update
-from fedlm.federation.codecs import Codec, Encoded
+from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import (
     LocalSettings,
-    LossTally,
-    batch_order,
-    check_deadline,
-    clip_and_step,
     make_optimizer,
 )
 from fedlm.federation.params import NamedTensors, load_into, nbytes, snapshot
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import ClientUpdate
-from fedlm.models.cut import Activations, Cut, SplitModel
-from fedlm.split.trunk import WIRE_DTYPES, InProcessTransport, MessageHook, Transport, TrunkBackend
+from fedlm.models.cut import Cut, SplitModel
+from fedlm.split.client import (
+    BOUNDARY_DOWN,
+    BOUNDARY_UP,
+    Request,
+    client_steps,
+    drive,
+    drive_lockstep,
+    load_optimizer_tensors,
+    optimizer_tensors,
+)
+from fedlm.split.grpc import LoopbackGrpc
+from fedlm.split.parts import client_copy, split_parts
+from fedlm.split.transport import InProcessTransport, Transport
+from fedlm.split.trunk import WIRE_DTYPES, MessageHook, TrunkBackend
 from fedlm.split.trunk_batching import BatchingTrunkBackend
-from fedlm.tasks.base import Task, model_inputs
+from fedlm.tasks import Task
 
 TRUNK_MODES = ("sequential", "parallel", "client_batch")
-CLIENT_PARTS = ("share", "average_bottom", "average", "local")
 OPTIMIZER_STATES = ("reset", "carry")
-BOUNDARY_UP, BOUNDARY_DOWN = "boundary_bytes_up", "boundary_bytes_down"  # a remote client's report metrics
-Request = tuple[str, int, Any]  # ("forward", step, Activations) or ("backward", step, gradient)
 
 
 class RemoteClients(Protocol):
@@ -74,152 +77,6 @@ class RemoteClients(Protocol):
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class SplitParts:
-    """The model's trainable parameter names by owner, and which client parameters leave the client."""
-
-    bottom: list[str]
-    top: list[str]
-    trunk: list[str]
-    shared: list[str]  # client parameters averaged or passed on
-    local: list[str]  # client parameters that never leave their client
-
-    def policy(self) -> SharingPolicy:
-        """The engine's view: the trunk and the shared client parts are global, the rest local."""
-        return SharingPolicy(self.trunk + self.shared, self.local)
-
-
-def split_parts(split: SplitModel, client_parts: str) -> SplitParts:
-    if client_parts not in CLIENT_PARTS:
-        raise UserError(f"split.client_parts = {client_parts!r}; choose one of {', '.join(CLIENT_PARTS)}")
-    bottom = split.bottom_parameter_names()
-    top = [n for n in split.client_parameter_names() if n not in set(bottom)]  # tied weights count as bottom
-    shared = {"share": bottom + top, "average": bottom + top, "average_bottom": bottom, "local": []}[client_parts]
-    local = [n for n in bottom + top if n not in set(shared)]
-    return SplitParts(bottom, top, split.trunk_parameter_names(), shared, local)
-
-
-def client_copy(split: SplitModel) -> SplitModel:
-    """A client's own model: its bottom and top are real, every trunk parameter is an empty ``meta`` tensor,
-    so the client holds no trunk weights (and could not run the trunk if it tried)."""
-    memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-            for p in split.trunk_parameters()}
-    return SplitModel(copy.deepcopy(split.model, memo), split.cut)
-
-
-def client_steps(client: SplitModel, task: Any, rows: Sequence[dict], settings: LocalSettings, seed: int,
-                 deadline: float | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 ) -> Generator[Request, Any, dict[str, float]]:
-    """One client's local training, yielding at every message to the trunk and resuming with the answer.
-
-    The same batches, masking and dropout draws as ``train_locally`` (same seeding, same order of forward
-    computations), so driven against a trunk in this process it reproduces the unsplit step. Gradient
-    clipping applies to the client's own parameters (the trunk clips its own). ``optimizer``, if given,
-    holds the client's parameters and state carried from an earlier turn; otherwise a fresh one is made.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)  # dropout
-    client.model.train()
-    params = [p for p in client.client_parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, settings) if optimizer is None else optimizer
-    tally = LossTally()
-    for step, batch_rows in enumerate(batch_order(len(rows), settings, generator)):
-        check_deadline(deadline, step)
-        batch = task.collate([rows[i] for i in batch_rows], generator)
-        sent = client.bottom(**model_inputs(batch))
-        top_in: Activations = yield ("forward", step, sent)
-        loss, count = task.loss_from_hidden(client.model, client.top(top_in), batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad: Tensor = yield ("backward", step, top_in.hidden.grad)
-        sent.hidden.backward(grad)
-        clip_and_step(optimizer, params, settings.max_grad_norm)
-        tally.add(loss, count)
-    return tally.metrics(len(rows))
-
-
-def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> NamedTensors:
-    """The optimizer's per-parameter state (AdamW's step and moments) as named tensors
-    ``<parameter>/<key>``, so it can travel with the parameters like any other update."""
-    names = {id(param): name for name, param in model.named_parameters()}
-    return {f"{names[id(param)]}/{key}": value.detach().clone()
-            for param, state in optimizer.state.items() for key, value in state.items() if torch.is_tensor(value)}
-
-
-def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: NamedTensors) -> None:
-    """The inverse of :func:`optimizer_tensors`: set ``model``'s parameters' state in ``optimizer``."""
-    params = dict(model.named_parameters())
-    for full_name, value in tensors.items():
-        name, key = full_name.rsplit("/", 1)
-        optimizer.state[params[name]][key] = value.clone()
-
-
-def run_client_turn(client: SplitModel, task: Any, rows: Sequence[dict], job: ClientJob, codec: Codec,
-                    transport: Transport) -> tuple[ClientReport, Encoded]:
-    """A client's turn on its own machine: load the parts it was sent, train them against the remote trunk,
-    and encode the same parts for upload; the boundary's byte counts ride along in the metrics."""
-    load_into(client.model, codec.decode(job.params))
-    try:
-        metrics = drive(client_steps(client, task, rows, job.settings, job.seed, job.deadline()), transport)
-    finally:
-        transport.close()
-    shared = finite_update(client.model, list(job.params.tensors), metrics)
-    metrics |= {BOUNDARY_UP: float(transport.bytes_sent), BOUNDARY_DOWN: float(transport.bytes_received)}
-    encoded = codec.encode(shared)
-    update = ClientUpdate(job.client_id, len(rows), shared, metrics)
-    return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), encoded
-
-
-def call_trunk(transport: Transport, request: Request) -> Any:
-    kind, step, payload = request
-    return transport.forward(step, payload) if kind == "forward" else transport.backward(step, payload)
-
-
-def drive(steps: Generator[Request, Any, dict[str, float]], transport: Transport) -> dict[str, float]:
-    """Run one client's steps to the end, answering each request through ``transport``."""
-    answer = None
-    while True:
-        try:
-            request = steps.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = call_trunk(transport, request)
-
-
-def drive_lockstep(steps: dict[int, Generator], transports: dict[int, Transport],
-                   pool: ThreadPoolExecutor) -> dict[int, dict[str, float] | BaseException]:
-    """Run several clients against a client-batch trunk, one message each per trunk step.
-
-    Client computation runs here, one client after another in a fixed order (so dropout draws are
-    reproducible); only the transport calls run concurrently, because the trunk answers once every
-    client's message is in. A client that finishes or fails closes its transport, leaving the batch.
-    """
-    answers: dict[int, Any] = dict.fromkeys(steps)
-    outcomes: dict[int, dict[str, float] | BaseException] = {}
-    active = list(steps)
-    while active:
-        requests: dict[int, Request] = {}
-        for cid in active:
-            try:
-                requests[cid] = steps[cid].send(answers[cid])
-            except StopIteration as stop:
-                outcomes[cid] = stop.value
-                transports[cid].close()
-            except Exception as exc:
-                outcomes[cid] = exc
-                transports[cid].close()
-        futures = {cid: pool.submit(call_trunk, transports[cid], request) for cid, request in requests.items()}
-        active = []
-        for cid, future in futures.items():
-            try:
-                answers[cid] = future.result()
-                active.append(cid)
-            except Exception as exc:
-                outcomes[cid] = exc
-                transports[cid].close()
-    return outcomes
 
 
 TransportFactory = Callable[[str], Transport]
@@ -445,34 +302,6 @@ class SplitExecutor:
         if kind == "grpc":
             return LoopbackGrpc(self.backend, sorted(map(str, self.client_rows)), hook, wire_dtype)
         raise UserError(f"split.transport = {kind!r}; choose inprocess or grpc")
-
-
-class LoopbackGrpc:
-    """A TLS trunk server on a loopback port with a token per client; each call opens a client session.
-
-    Every boundary message crosses the real gRPC stack (serialisation, TLS, HTTP/2), in one process; the
-    hook sees each message as the server receives and answers it."""
-
-    def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None,
-                 wire_dtype: torch.dtype = torch.float32) -> None:
-        from fedlm.split.certs import throwaway_certificates
-        from fedlm.split.grpc import serve_trunk
-
-        self._certs = throwaway_certificates("localhost")
-        self._tokens = {cid: secrets.token_hex(16) for cid in client_ids}
-        self._wire_dtype = wire_dtype
-        self.server = serve_trunk(backend, "localhost:0", tokens=self._tokens,
-                                  tls=(self._certs["server_cert"], self._certs["server_key"]),
-                                  max_sessions=max(16, len(client_ids) + 4), hook=hook)
-
-    def __call__(self, client_id: str) -> Transport:
-        from fedlm.split.grpc import GrpcTransport
-
-        return GrpcTransport(f"localhost:{self.server.port}", client_id, self._tokens[client_id],
-                             root_cert_pem=self._certs["ca"], timeout_s=600.0, wire_dtype=self._wire_dtype)
-
-    def close(self) -> None:
-        self.server.stop(grace=1.0)
 
 
 def split_policy(model: torch.nn.Module, spec: SplitConfig) -> SharingPolicy:

@@ -23,6 +23,7 @@ import hmac
 import json
 import logging
 import queue
+import secrets
 import struct
 import threading
 from collections.abc import Iterator, Mapping
@@ -36,19 +37,20 @@ import yaml
 
 from fedlm.errors import UserError
 from fedlm.split import wire
+from fedlm.split.certs import throwaway_certificates
+from fedlm.split.transport import TransportError, _ClientSide
 from fedlm.split.trunk import (
     TO_CLIENT,
     MessageHook,
     RejectedMessage,
-    TransportError,
     TrunkBackend,
-    _ClientSide,
     handle_request,
 )
 
 __all__ = [
     "SESSION_METHOD",
     "GrpcTransport",
+    "LoopbackGrpc",
     "TrunkServer",
     "load_tokens",
     "pack_envelope",
@@ -331,3 +333,26 @@ class GrpcTransport(_ClientSide):
         self._requests.put(None)
         self._reader.join(timeout=min(self._timeout_s, 5.0))
         self._channel.close()
+
+
+class LoopbackGrpc:
+    """A TLS trunk server on a loopback port with a token per client; each call opens a client session.
+
+    Every boundary message crosses the real gRPC stack (serialisation, TLS, HTTP/2), in one process; the
+    hook sees each message as the server receives and answers it."""
+
+    def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None,
+                 wire_dtype: torch.dtype = torch.float32) -> None:
+        self._certs = throwaway_certificates("localhost")
+        self._tokens = {cid: secrets.token_hex(16) for cid in client_ids}
+        self._wire_dtype = wire_dtype
+        self.server = serve_trunk(backend, "localhost:0", tokens=self._tokens,
+                                  tls=(self._certs["server_cert"], self._certs["server_key"]),
+                                  max_sessions=max(16, len(client_ids) + 4), hook=hook)
+
+    def __call__(self, client_id: str) -> GrpcTransport:
+        return GrpcTransport(f"localhost:{self.server.port}", client_id, self._tokens[client_id],
+                             root_cert_pem=self._certs["ca"], timeout_s=600.0, wire_dtype=self._wire_dtype)
+
+    def close(self) -> None:
+        self.server.stop(grace=1.0)

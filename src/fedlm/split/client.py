@@ -1,0 +1,150 @@
+"""A split-learning client's local training: the same batches as ``train_locally``, but every batch crosses
+the boundary twice (activations up, their gradient down) through a :class:`~fedlm.split.transport.Transport`.
+
+``client_steps`` is a generator that yields at each message and resumes with the trunk's answer, so one
+client can be driven alone (``drive``), several in lockstep against a batching trunk (``drive_lockstep``),
+or on its own machine against a remote trunk (``run_client_turn``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlm.federation.client_round import finite_update
+from fedlm.federation.codecs import Codec, Encoded
+from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.local_training import (
+    LocalSettings,
+    LossTally,
+    batch_order,
+    check_deadline,
+    clip_and_step,
+    make_optimizer,
+)
+from fedlm.federation.params import NamedTensors, load_into
+from fedlm.federation.strategies import ClientUpdate
+from fedlm.models.cut import Activations, SplitModel
+from fedlm.split.transport import Transport
+from fedlm.tasks import Task
+from fedlm.tasks.base import model_inputs
+
+BOUNDARY_UP, BOUNDARY_DOWN = "boundary_bytes_up", "boundary_bytes_down"  # a remote client's report metrics
+Request = tuple[str, int, Any]  # ("forward", step, Activations) or ("backward", step, gradient)
+
+
+def client_steps(client: SplitModel, task: Task, rows: Sequence[dict], settings: LocalSettings, seed: int,
+                 deadline: float | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 ) -> Generator[Request, Any, dict[str, float]]:
+    """One client's local training, yielding at every message to the trunk and resuming with the answer.
+
+    The same batches, masking and dropout draws as ``train_locally`` (same seeding, same order of forward
+    computations), so driven against a trunk in this process it reproduces the unsplit step. Gradient
+    clipping applies to the client's own parameters (the trunk clips its own). ``optimizer``, if given,
+    holds the client's parameters and state carried from an earlier turn; otherwise a fresh one is made.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout
+    client.model.train()
+    params = [p for p in client.client_parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, settings) if optimizer is None else optimizer
+    tally = LossTally()
+    for step, batch_rows in enumerate(batch_order(len(rows), settings, generator)):
+        check_deadline(deadline, step)
+        batch = task.collate([rows[i] for i in batch_rows], generator)
+        sent = client.bottom(**model_inputs(batch))
+        top_in: Activations = yield ("forward", step, sent)
+        loss, count = task.loss_from_hidden(client.model, client.top(top_in), batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad: Tensor = yield ("backward", step, top_in.hidden.grad)
+        sent.hidden.backward(grad)
+        clip_and_step(optimizer, params, settings.max_grad_norm)
+        tally.add(loss, count)
+    return tally.metrics(len(rows))
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> NamedTensors:
+    """The optimizer's per-parameter state (AdamW's step and moments) as named tensors
+    ``<parameter>/<key>``, so it can travel with the parameters like any other update."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    return {f"{names[id(param)]}/{key}": value.detach().clone()
+            for param, state in optimizer.state.items() for key, value in state.items() if torch.is_tensor(value)}
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: NamedTensors) -> None:
+    """The inverse of :func:`optimizer_tensors`: set ``model``'s parameters' state in ``optimizer``."""
+    params = dict(model.named_parameters())
+    for full_name, value in tensors.items():
+        name, key = full_name.rsplit("/", 1)
+        optimizer.state[params[name]][key] = value.clone()
+
+
+def run_client_turn(client: SplitModel, task: Task, rows: Sequence[dict], job: ClientJob, codec: Codec,
+                    transport: Transport) -> tuple[ClientReport, Encoded]:
+    """A client's turn on its own machine: load the parts it was sent, train them against the remote trunk,
+    and encode the same parts for upload; the boundary's byte counts ride along in the metrics."""
+    load_into(client.model, codec.decode(job.params))
+    try:
+        metrics = drive(client_steps(client, task, rows, job.settings, job.seed, job.deadline()), transport)
+    finally:
+        transport.close()
+    shared = finite_update(client.model, list(job.params.tensors), metrics)
+    metrics |= {BOUNDARY_UP: float(transport.bytes_sent), BOUNDARY_DOWN: float(transport.bytes_received)}
+    encoded = codec.encode(shared)
+    update = ClientUpdate(job.client_id, len(rows), shared, metrics)
+    return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), encoded
+
+
+def call_trunk(transport: Transport, request: Request) -> Any:
+    kind, step, payload = request
+    return transport.forward(step, payload) if kind == "forward" else transport.backward(step, payload)
+
+
+def drive(steps: Generator[Request, Any, dict[str, float]], transport: Transport) -> dict[str, float]:
+    """Run one client's steps to the end, answering each request through ``transport``."""
+    answer = None
+    while True:
+        try:
+            request = steps.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        answer = call_trunk(transport, request)
+
+
+def drive_lockstep(steps: dict[int, Generator], transports: dict[int, Transport],
+                   pool: ThreadPoolExecutor) -> dict[int, dict[str, float] | BaseException]:
+    """Run several clients against a client-batch trunk, one message each per trunk step.
+
+    Client computation runs here, one client after another in a fixed order (so dropout draws are
+    reproducible); only the transport calls run concurrently, because the trunk answers once every
+    client's message is in. A client that finishes or fails closes its transport, leaving the batch.
+    """
+    answers: dict[int, Any] = dict.fromkeys(steps)
+    outcomes: dict[int, dict[str, float] | BaseException] = {}
+    active = list(steps)
+    while active:
+        requests: dict[int, Request] = {}
+        for cid in active:
+            try:
+                requests[cid] = steps[cid].send(answers[cid])
+            except StopIteration as stop:
+                outcomes[cid] = stop.value
+                transports[cid].close()
+            except Exception as exc:
+                outcomes[cid] = exc
+                transports[cid].close()
+        futures = {cid: pool.submit(call_trunk, transports[cid], request) for cid, request in requests.items()}
+        active = []
+        for cid, future in futures.items():
+            try:
+                answers[cid] = future.result()
+                active.append(cid)
+            except Exception as exc:
+                outcomes[cid] = exc
+                transports[cid].close()
+    return outcomes
