@@ -2,7 +2,7 @@
 
 8 clients, each with batch size 1 (sequence 128), train the same number of local steps on a small BERT
 (width 256, 4 blocks; FedBERT's cut: embeddings + MLM head on the clients) through fedlm's
-:class:`~fedlm.split.protocol.SplitExecutor`, in process. ``sequential``: the clients take turns and the trunk
+:class:`~fedlm.split.executor.SplitExecutor`, in process. ``sequential``: the clients take turns and the trunk
 steps once per client batch (8 x steps trunk steps of batch 1). ``client_batch``: the 8 clients' batches go
 through the trunk together (steps trunk steps of batch 8). Both rounds run one after another, alternating,
 and the table shows the median wall time per round and the speedup.
@@ -23,13 +23,13 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from fedlm.config import SplitConfig
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import snapshot
 from fedlm.federation.store import ClientStore
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.models.cut import Cut
 from fedlm.split.executor import SplitExecutor
 from fedlm.tasks import get_task
 
@@ -45,8 +45,8 @@ def corpus(n: int, seed: int = 0) -> list[str]:
 def one_round(mode: str, model: torch.nn.Module, task, rows: dict[int, list[dict]], steps: int,
               start: dict) -> float:
     settings = LocalSettings(lr=1e-4, batch_size=1, local_steps=steps)
-    executor = SplitExecutor(model, Cut(0, 0), mode, "average", task, rows, get_codec("fp32"),
-                             ClientStore({}, "unused.pt"), settings)
+    spec = SplitConfig(trunk_mode=mode, client_parts="average")  # FedBERT's cut: bottom_blocks = top_blocks = 0
+    executor = SplitExecutor(model, spec, task, rows, get_codec("fp32"), ClientStore({}, "unused.pt"), settings)
     sent = get_codec("fp32").encode(executor.downlink(start))
     jobs = [ClientJob(cid, 1, sent, settings, seed=cid) for cid in rows]
     executor.begin_round(1, start)

@@ -4,7 +4,7 @@ Prints wall seconds, tracemalloc peak (numpy allocations included) and the proce
 IID, quantity Dirichlet, label Dirichlet and both combined, and PASS/FAIL against the 10 s target.
 Timing and memory tracing run separately because tracemalloc slows allocation-heavy code.
 
-    /tmp/venv/bin/python benchmarks/bench_partition.py [--examples N] [--clients K] [--labels L]
+    .venv/bin/python benchmarks/bench_partition.py [--examples N] [--clients K] [--labels L]
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import CastCodec, Codec, Encoded, Int8Codec, get_codec
 
@@ -118,12 +119,20 @@ def test_get_codec_builds_each_codec_and_names_the_culprit():
     int8 = get_codec("int8", 32)
     assert isinstance(int8, Int8Codec) and (int8.name, int8.block_size) == ("int8", 32)
     assert get_codec("int8").block_size is None and get_codec("fp16").block_size is None
-    with pytest.raises(UserError, match=r"protocol\.codec = 'int4'.*allowed: fp32, fp16, bf16, int8"):
+    with pytest.raises(ValueError, match="no codec 'int4'"):
         get_codec("int4")
-    with pytest.raises(UserError, match=r"protocol\.codec_block_size = 0"):
-        get_codec("int8", 0)
-    with pytest.raises(UserError, match=r"protocol\.codec_block_size = 16: only codec int8"):
+    with pytest.raises(ValueError, match="only int8 has blocks"):
         get_codec("fp16", 16)
+
+
+@pytest.mark.parametrize(("protocol", "message"), [
+    ({"codec": "int4"}, r"protocol\.codec = 'int4'.*'fp32', 'fp16', 'bf16' or 'int8'"),
+    ({"codec": "int8", "codec_block_size": 0}, r"protocol\.codec_block_size = 0"),
+    ({"codec": "fp16", "codec_block_size": 16}, r"codec_block_size is for codec int8"),
+])
+def test_the_config_names_the_culprit_of_a_bad_codec(protocol, message):
+    with pytest.raises(UserError, match=message):
+        validate({"data": {"source": "x.csv"}, "protocol": protocol})
 
 
 def test_encoded_keeps_positional_construction():

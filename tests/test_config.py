@@ -4,8 +4,9 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
-from fedlm.config import expand_grid, load_config, validate
+from fedlm.config import dump_config, expand_grid, load_config, validate
 from fedlm.errors import UserError
 
 
@@ -17,7 +18,8 @@ def cfg_file(tmp_path):
 
 
 def test_overrides_are_typed(cfg_file):
-    cfg = load_config(cfg_file, ["protocol.rounds=5", "train.lr=0.01", "partition.alpha=0.5"])
+    cfg = load_config(cfg_file, ["protocol.rounds=5", "train.lr=0.01", "partition.kind=label_dirichlet",
+                               "partition.alpha=0.5"])
     assert cfg.protocol.rounds == 5 and cfg.train.lr == 0.01
     assert cfg.partition.spec()["alpha"] == 0.5
 
@@ -50,7 +52,8 @@ def test_missing_config_file_is_one_line(tmp_path):
 
 
 def test_grid_expands_every_combination(cfg_file):
-    cfg = load_config(cfg_file, ["grid={protocol.kind: [fedavg, fedprox], partition.alpha: [1, 5, 10]}"])
+    cfg = load_config(cfg_file, ["partition.kind=label_dirichlet", "partition.alpha=1",
+                             "grid={protocol.kind: [fedavg, fedprox], partition.alpha: [1, 5, 10]}"])
     runs = expand_grid(cfg)
     assert len(runs) == 6
     assert {(c.protocol.kind, c.partition.spec()["alpha"]) for _, c in runs} == {
@@ -77,3 +80,43 @@ def test_named_grid_axis_applies_its_overrides_together_and_tags_the_run():
     assert (mrpc.data.source, mrpc.eval.target, mrpc.tags) == ("glue/mrpc", 0.7, {"dataset": "mrpc"})
     with pytest.raises(UserError, match=r"grid\.dataset is a named axis"):
         expand_grid(validate({"data": {"source": "x"}, "grid": {"dataset": ["glue/sst2"]}}))
+
+
+@pytest.mark.parametrize(("partition", "expected"), [
+    ({"kind": "label_dirichlet", "alpha": 0}, "partition.alpha = 0: Input should be greater than 0"),
+    ({"kind": "label_dirichlet", "alpha": True}, "partition.alpha = True: Input should be a valid number"),
+    ({"kind": "label_dirichlet"}, "missing required key 'partition.alpha' for kind label_dirichlet"),
+    ({"kind": "iid", "alpha": 1.0},
+     "unknown key 'partition.alpha' for kind iid (allowed here: holdout, kind, num_clients)"),
+    ({"kind": "dirichlet"}, "partition.kind = 'dirichlet': unknown kind; choose one of 'iid', "),
+    ({"kind": "label_mix", "mixes": [[0.5, 0.6], [0.5, 0.5]]}, "partition.mixes[0] = [0.5, 0.6]: "
+     "a client's label shares must sum to 1, these sum to 1.1"),
+    ({"kind": "label_mix", "mixes": [[0.5, 0.5], [1.0]]}, "mixes[1] has 1 shares but mixes[0] has 2"),
+    ({"kind": "label_mix", "mixes": [[1.5, -0.5]]}, "partition.mixes[0][1] = -0.5"),
+    ({"kind": "clustered", "clusters": 1, "alpha": 1.0}, "partition.clusters = 1"),
+    ({"kind": "natural", "column": "g", "groups": [[1, 2], ["1"]]}, "value '1' is in more than one group"),
+    ({"kind": "quantity_dirichlet", "beta": 0.5, "holdout": 1.0}, "partition.holdout = 1.0"),
+    ({"kind": "label_dirichlet", "alpha": float("inf")}, "partition.alpha = inf: Input should be a finite number"),
+])
+def test_partition_kinds_are_typed_and_errors_name_the_key(partition, expected):
+    with pytest.raises(UserError) as err:
+        validate({"data": {"source": "x"}, "partition": partition})
+    message = str(err.value)
+    assert message.startswith("config error: ") and expected in message and "\n" not in message
+
+
+def test_partition_without_kind_is_iid_and_dumps_only_what_was_chosen():
+    assert validate({"data": {"source": "x"}, "partition": {"num_clients": 4}}).partition.kind == "iid"
+    cfg = validate({"data": {"source": "x"},
+                    "partition": {"kind": "label_dirichlet", "alpha": 0.5, "beta": None, "num_clients": 4}})
+    assert cfg.model_dump()["partition"] == {"kind": "label_dirichlet", "num_clients": 4, "alpha": 0.5}
+    assert cfg.partition.spec() == {"kind": "label_dirichlet", "alpha": 0.5}
+    assert validate(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+def test_a_named_axis_may_replace_the_partition_section(cfg_file):
+    cfg = load_config(cfg_file, ["grid={partition: [{kind: iid, num_clients: 3}, "
+                                 "{kind: label_mix, mixes: [[0.5, 0.5], [1, 0]], num_clients: 2}]}"])
+    (iid_label, iid), (mix_label, mix) = expand_grid(cfg)
+    assert (iid_label, mix_label) == ("partition=iid", "partition=label_mix(mixes=[[0.5, 0.5], [1, 0]])")
+    assert iid.partition.num_clients == 3 and mix.partition.mixes == [[0.5, 0.5], [1.0, 0.0]]

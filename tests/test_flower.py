@@ -31,7 +31,16 @@ from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.strategies import ClientUpdate
-from fedlm.flower import server as flower
+from fedlm.flower.client import build_client_app, client_app
+from fedlm.flower.messages import (
+    codec_from_content,
+    from_array_record,
+    job_content,
+    job_from_content,
+    report_content,
+    to_array_record,
+)
+from fedlm.flower.server import FlowerExecutor, build_server_app, discover_clients
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from fedlm.split.certs import throwaway_certificates
@@ -84,8 +93,8 @@ def run_through_flower(monkeypatch, num_nodes: int, trunk_tokens: dict[int, str]
     backend_module = types.ModuleType(RAY_BACKEND_MODULE)
     backend_module.RayBackend = ThreadBackend
     monkeypatch.setitem(sys.modules, RAY_BACKEND_MODULE, backend_module)
-    run_simulation(server_app=flower.build_server_app(**server_defaults),
-                   client_app=flower.build_client_app(server_defaults["data-dir"], trunk_tokens),
+    run_simulation(server_app=build_server_app(**server_defaults),
+                   client_app=build_client_app(server_defaults["data-dir"], trunk_tokens),
                    num_supernodes=num_nodes, backend_name="thread")
 
 
@@ -167,9 +176,9 @@ def test_split_rounds_through_flower_equal_the_simulator(trunk_mode, client_part
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
 def test_arrays_keep_dtype_and_values_through_the_wire(dtype):
     tensors = {"w": (torch.randn(3, 5) * 100).to(dtype), "b": torch.arange(4).to(dtype)}
-    record = flower.to_array_record(tensors)
+    record = to_array_record(tensors)
     contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(record).items()}
-    back = flower.from_array_record(inflate_object_from_contents(record.object_id, contents))
+    back = from_array_record(inflate_object_from_contents(record.object_id, contents))
     assert list(back) == ["w", "b"]
     for name, value in tensors.items():
         assert back[name].dtype == dtype and torch.equal(back[name], value), name
@@ -217,13 +226,13 @@ def echo(scale: float = 1.0, names: list[str] | None = None):
     """A client that sends back what it got, times ``scale``, with 10 examples."""
 
     def handle(msg: Message) -> Message:
-        job, _ = flower.job_from_content(msg.content)
-        codec = flower.codec_from_content(msg.content)
+        job, _ = job_from_content(msg.content)
+        codec = codec_from_content(msg.content)
         params = {n: t * scale for n, t in codec.decode(job.params).items()}
         if names is not None:
             params = {new: params[old] for new, old in zip(names, params, strict=True)}
         report = ClientReport(ClientUpdate(job.client_id, 10, params, {"train_loss": 0.5}), 0)
-        return Message(flower.report_content(report, codec.encode(params)), reply_to=msg)
+        return Message(report_content(report, codec.encode(params)), reply_to=msg)
 
     return handle
 
@@ -244,8 +253,7 @@ def test_executor_turns_replies_into_reports_and_failures(task_identity):
     })
     nodes = {0: 100, 1: 101, 2: 102, 3: 103, 4: 104}
     seen = []
-    executor = flower.FlowerExecutor(grid, nodes, get_codec("fp16"), "name: x", timeout_s=5.0,
-                                     progress=seen.append)
+    executor = FlowerExecutor(grid, nodes, get_codec("fp16"), "name: x", timeout_s=5.0, progress=seen.append)
     results = executor.run([_job(cid) for cid in (0, 1, 2, 3, 4, 5)])
 
     report = results[0]
@@ -266,8 +274,8 @@ def test_executor_turns_replies_into_reports_and_failures(task_identity):
 
 def test_job_travels_with_all_settings_and_none_values(task_identity):
     job = _job(3, codec="bf16")
-    msg = over_the_wire(Message(flower.job_content(job, "name: x\n"), dst_node_id=7, message_type="train"))
-    back, experiment = flower.job_from_content(msg.content)
+    msg = over_the_wire(Message(job_content(job, "name: x\n"), dst_node_id=7, message_type="train"))
+    back, experiment = job_from_content(msg.content)
     assert experiment == "name: x\n"
     assert back.settings == job.settings and back.settings.max_grad_norm is None
     assert (back.client_id, back.round_idx, back.seed, back.timeout_s) == (3, 1, 11, None)
@@ -277,10 +285,9 @@ def test_job_travels_with_all_settings_and_none_values(task_identity):
 
 def test_int8_job_and_reply_carry_scales_and_block_size(task_identity):
     job = _job(0, codec="int8", block_size=4)
-    content = over_the_wire(Message(flower.job_content(job, "name: x\n", 4), dst_node_id=7,
-                                    message_type="train")).content
-    back, _ = flower.job_from_content(content)
-    codec = flower.codec_from_content(content)
+    content = over_the_wire(Message(job_content(job, "name: x\n", 4), dst_node_id=7, message_type="train")).content
+    back, _ = job_from_content(content)
+    codec = codec_from_content(content)
     assert (codec.name, codec.block_size) == ("int8", 4)
     assert back.params.tensors["w"].dtype == torch.int8 and back.params.meta["w"].shape == (2,)  # 6 values, blocks of 4
     assert (back.params.payload_bytes, back.params.meta_bytes) == (9, 3 * 4)  # 2 scales for w, 1 for b
@@ -289,7 +296,7 @@ def test_int8_job_and_reply_carry_scales_and_block_size(task_identity):
         assert torch.equal(back.params.meta[name], job.params.meta[name])
 
     grid = ScriptedGrid({100: echo(-3.0)})
-    executor = flower.FlowerExecutor(grid, {0: 100}, get_codec("int8", 4), "name: x", timeout_s=5.0)
+    executor = FlowerExecutor(grid, {0: 100}, get_codec("int8", 4), "name: x", timeout_s=5.0)
     [report] = executor.run([job])
     assert isinstance(report, ClientReport)
     assert torch.equal(report.update.params["w"], torch.full((2, 3), -3.0))
@@ -299,22 +306,22 @@ def test_int8_job_and_reply_carry_scales_and_block_size(task_identity):
 
 def test_discovery_maps_partitions_to_nodes_and_rejects_duplicates(task_identity):
     def node(pid):
-        return lambda msg: flower.client_app(msg, _context(pid))
+        return lambda msg: client_app(msg, _context(pid))
 
     grid = ScriptedGrid({10: node(1), 11: node(0), 12: node(7)})
-    assert flower.discover_clients(grid, 2, wait_s=5) == {0: 11, 1: 10}
+    assert discover_clients(grid, 2, wait_s=5) == {0: 11, 1: 10}
     with pytest.raises(Exception, match="both claim partition-id 0"):
-        flower.discover_clients(ScriptedGrid({10: node(0), 11: node(0)}), 2, wait_s=5)
+        discover_clients(ScriptedGrid({10: node(0), 11: node(0)}), 2, wait_s=5)
 
 
 def test_client_app_answers_a_misrouted_or_broken_job_with_an_error(task_identity, tmp_path, tiny_csv):
     experiment = dump_config(validate(tiny_config(tmp_path, tiny_csv)))
-    msg = over_the_wire(Message(flower.job_content(_job(2), experiment), dst_node_id=7, message_type="train"))
-    reply = flower.client_app(msg, _context(1))
+    msg = over_the_wire(Message(job_content(_job(2), experiment), dst_node_id=7, message_type="train"))
+    reply = client_app(msg, _context(1))
     assert reply.has_error() and "reached the node of client 1" in reply.error.reason
     broken = yaml.safe_dump({"name": "x"})  # no data section: the config does not validate
-    msg = over_the_wire(Message(flower.job_content(_job(1), broken), dst_node_id=7, message_type="train"))
-    reply = flower.client_app(msg, _context(1))
+    msg = over_the_wire(Message(job_content(_job(1), broken), dst_node_id=7, message_type="train"))
+    reply = client_app(msg, _context(1))
     assert reply.has_error() and reply.error.reason.startswith("exception: UserError")
 
 

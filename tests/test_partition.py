@@ -10,6 +10,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from fedlm.config import LabelDirichletConfig
 from fedlm.data.partition import (
     Partition,
     Partitioner,
@@ -273,6 +274,12 @@ def test_cache_keys_differ_with_params_but_not_with_holdout():
     assert key != build_partitioner({"kind": "label_dirichlet", "alpha": 2.0}).cache_key()
     assert key != build_partitioner({"kind": "label_dirichlet", "alpha": 1.0, "beta": 1.0}).cache_key()
     assert key == build_partitioner({"kind": "label_dirichlet", "alpha": 1.0, "holdout": 0.2}).cache_key()
+
+
+def test_typed_config_and_mapping_build_the_same_partitioner():
+    typed = build_partitioner(LabelDirichletConfig(alpha=0.5, beta=2.0, holdout=0.2, num_clients=3))
+    mapped = build_partitioner({"kind": "label_dirichlet", "alpha": 0.5, "beta": 2.0, "holdout": 0.2})
+    assert typed == mapped and typed.holdout == 0.2
 
 
 def test_content_fingerprint_tells_datasets_apart():

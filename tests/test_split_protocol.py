@@ -4,32 +4,38 @@ crosses the boundary, FedBERT's Table 2 cost model, and runs for MLM, CLM and cl
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import get_args
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-from fedlm.config import validate
+from fedlm.config import SplitConfig, validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings, batch_order, make_optimizer
 from fedlm.federation.params import snapshot
 from fedlm.federation.store import ClientStore
+from fedlm.federation.strategies.fedavg import FedAvg
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.run.prepare import prepare
 from fedlm.run.recorder import RunRecorder, read_metrics
 from fedlm.run.single import run_single
 from fedlm.split.executor import SplitExecutor
-from fedlm.split.parts import client_copy
+from fedlm.split.modes import TRUNK_MODES
+from fedlm.split.optimizer_state import OPTIMIZER_STATES
+from fedlm.split.parts import CLIENT_PARTS, client_copy
 from fedlm.split.transport import InProcessTransport
-from fedlm.split.trunk import TO_CLIENT, TO_SERVER, MessageLog
+from fedlm.split.trunk import TO_CLIENT, TO_SERVER, WIRE_DTYPES
 from fedlm.split.trunk_batching import BatchingTrunkBackend
+from fedlm.split.turns import CONNECTIONS
 from fedlm.tasks import get_task
 from fedlm.tasks.base import base_hidden
 from tests.conftest import make_sentences, tiny_config
+from tests.split_helpers import MessageLog
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,12 +107,14 @@ def setup(tmp_path_factory, tiny_csv):
     return prepare(validate(raw), tiny_csv)
 
 
-def make_executor(prep, mode: str, parts: str, **kwargs) -> tuple[SplitExecutor, dict]:
+def make_executor(prep, mode: str, parts: str, hook=None, remote=None, **split) -> tuple[SplitExecutor, dict]:
     model = build_model("bert", "tiny", "classification", prep.tokenizer, num_labels=2, seed=3)
     settings = LocalSettings(lr=0.01, batch_size=8, local_steps=2, max_grad_norm=None)
-    executor = SplitExecutor(model, Cut(0, 0), mode, parts, prep.task, prep.client_train, get_codec("fp32"),
-                             ClientStore({}, prep.config.output_dir + "/unused.pt"), settings, **kwargs)
-    executor.store.initial = snapshot(model, executor.parts.local)
+    spec = SplitConfig(trunk_mode=mode, client_parts=parts, **split)
+    store = ClientStore({}, prep.config.output_dir + "/unused.pt")
+    executor = SplitExecutor(model, spec, prep.task, prep.client_train, get_codec("fp32"), store, settings,
+                             hook=hook, remote=remote)
+    store.initial = snapshot(model, executor.parts.local)
     start = snapshot(model, executor.parts.trunk + executor.parts.shared)
     return executor, start
 
@@ -124,6 +132,19 @@ def run_round(executor: SplitExecutor, start: dict, clients: list[int], round_id
     return reports
 
 
+def next_global(executor: SplitExecutor, start: dict, reports: list[ClientReport]) -> dict[str, torch.Tensor]:
+    """The round's global model as the engine makes it: FedAvg over the reports, then what the server hands in."""
+    return {**FedAvg().aggregate(start, [r.update for r in reports]), **executor.server_params()}
+
+
+def test_every_choice_of_the_split_section_has_its_object():
+    fields = SplitConfig.model_fields
+    for name, registry in (("trunk_mode", TRUNK_MODES), ("client_parts", CLIENT_PARTS),
+                           ("optimizer_state", OPTIMIZER_STATES), ("transport", CONNECTIONS),
+                           ("activation_dtype", WIRE_DTYPES)):
+        assert set(registry) == set(get_args(fields[name].annotation)), name
+
+
 def test_what_each_trunk_mode_and_client_policy_reports(setup):
     for mode in ("sequential", "parallel", "client_batch"):
         for parts in ("share", "average_bottom", "average", "local"):
@@ -131,15 +152,16 @@ def test_what_each_trunk_mode_and_client_policy_reports(setup):
             names = executor.parts
             reports = run_round(executor, start, [0, 1, 2])
             carried = [set(r.update.params) for r in reports]
+            from_server = set(executor.server_params())
             trunk, shared = set(names.trunk), set(names.shared)
-            if mode == "parallel":  # each client's own trunk copy
-                assert all(trunk <= c for c in carried)
-            else:  # one trunk, carried once, by the last report
-                assert trunk <= carried[-1] and not any(trunk & c for c in carried[:-1])
-            if parts == "share":
-                assert shared <= carried[-1] and not any(shared & c for c in carried[:-1])
+            if mode == "parallel":  # each client's own trunk copy, averaged by FedAvg
+                assert all(trunk <= c for c in carried) and not trunk & from_server
+            else:  # one trunk, handed to the global model by the server
+                assert trunk <= from_server and not any(trunk & c for c in carried)
+            if parts == "share":  # handed client to client; the last client's handed in by the server
+                assert shared <= from_server and not any(shared & c for c in carried)
             else:
-                assert all(shared <= c for c in carried)
+                assert all(shared <= c for c in carried) and not shared & from_server
             assert all(not (set(names.local) & c) for c in carried), "local parts never leave the client"
             expected_shared = {"share": names.bottom + names.top, "average": names.bottom + names.top,
                                "average_bottom": names.bottom, "local": []}[parts]
@@ -152,10 +174,10 @@ def test_what_each_trunk_mode_and_client_policy_reports(setup):
 def test_sequential_share_is_a_chain_of_single_client_turns(setup):
     """Head-Emd Share: client 1 starts from the parts (and the trunk) client 0 finished with."""
     executor, start = make_executor(setup, "sequential", "share")
-    both = run_round(executor, start, [0, 1])[-1].update.params
+    both = next_global(executor, start, run_round(executor, start, [0, 1]))
     executor, start = make_executor(setup, "sequential", "share")
-    after_first = run_round(executor, start, [0])[-1].update.params
-    chained = run_round(executor, after_first, [1])[-1].update.params
+    after_first = next_global(executor, start, run_round(executor, start, [0]))
+    chained = next_global(executor, after_first, run_round(executor, after_first, [1]))
     for name in both:
         torch.testing.assert_close(both[name], chained[name], rtol=0, atol=0, msg=name)
 
@@ -190,8 +212,8 @@ def test_carried_share_is_one_continuous_training_run(setup):
     finals = {}
     for state in ("carry", "reset"):
         executor, start = make_executor(setup, "sequential", "share", optimizer_state=state)
-        params = run_round(executor, start, [0, 1])[-1].update.params
-        finals[state] = run_round(executor, params, [0, 1], round_idx=2)[-1].update.params
+        params = next_global(executor, start, run_round(executor, start, [0, 1]))
+        finals[state] = next_global(executor, params, run_round(executor, params, [0, 1], round_idx=2))
         executor.close()
     assert set(finals["carry"]) == {n for n, p in expected.items() if p.requires_grad}
     assert largest_gap(finals["carry"], expected) < 1e-5
@@ -203,11 +225,12 @@ def test_carried_optimizer_state_is_counted_and_restored_for_a_retried_round(set
     parts = sum(4 * start[n].numel() for n in executor.parts.shared)
     state = 2 * parts + 4 * len(executor.parts.shared)  # AdamW: two moments and a float32 step per tensor
     first = run_round(executor, start, [0, 1])
+    first_global = next_global(executor, start, first)
     assert [r.upload_bytes for r in first] == [parts + state] * 2
     assert [r.download_extra for r in first] == [0, state]  # the second client is handed the first's state
-    again = run_round(executor, start, [0, 1])  # begin_round(1) again: a retried attempt
-    for name, value in first[-1].update.params.items():
-        torch.testing.assert_close(again[-1].update.params[name], value, rtol=0, atol=0, msg=name)
+    again = next_global(executor, start, run_round(executor, start, [0, 1]))  # begin_round(1) again: a retry
+    for name, value in first_global.items():
+        torch.testing.assert_close(again[name], value, rtol=0, atol=0, msg=name)
     with pytest.raises(UserError, match="optimizer_state = carry needs one trunk"):
         make_executor(setup, "parallel", "average", optimizer_state="carry")
     for mode, parts, state in (("client_batch", "average", "reset"), ("sequential", "share", "carry"),
@@ -230,8 +253,9 @@ def test_local_parts_stay_with_each_client_and_differ(setup):
     executor, start = make_executor(setup, "sequential", "local")
     run_round(executor, start, [0, 1])
     name = executor.parts.local[0]
-    kept = [executor.store.get(c)[name] for c in (0, 1)]
-    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[0], executor.store.initial[name])
+    store = executor.clients.store
+    kept = [store.get(c)[name] for c in (0, 1)]
+    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[0], store.initial[name])
 
 
 def test_client_batch_steps_the_trunk_once_on_the_mean_of_the_clients_gradients():
@@ -258,7 +282,14 @@ def test_client_batch_steps_the_trunk_once_on_the_mean_of_the_clients_gradients(
         params = dict(model.named_parameters())
         trunk_grads.append({n: params[n].grad.clone() for n in trunk_names})
     model.zero_grad()
-    backend = BatchingTrunkBackend(split.trunk, 64, lambda ps: torch.optim.SGD(ps, lr=0.5), timeout_s=30)
+    steps = []
+
+    def sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = torch.optim.SGD(params, lr=0.5)
+        optimizer.register_step_post_hook(lambda *_: steps.append(1))  # counts the trunk's steps
+        return optimizer
+
+    backend = BatchingTrunkBackend(split.trunk, 64, sgd, timeout_s=30)
     backend.expect(["a", "b"])
     log = MessageLog()
     transports = {cid: InProcessTransport(backend, cid, hook=log) for cid in ("a", "b")}
@@ -276,7 +307,7 @@ def test_client_batch_steps_the_trunk_once_on_the_mean_of_the_clients_gradients(
     for name in trunk_names:
         mean_grad = (trunk_grads[0][name] + trunk_grads[1][name]) / 2
         torch.testing.assert_close(params[name].detach(), start[name] - 0.5 * mean_grad, rtol=1e-4, atol=1e-6)
-    assert backend.steps_taken == 1
+    assert len(steps) == 1
     assert {m.kind for m in log.messages} == {"forward", "backward"} and len(log.messages) == 8
 
 
@@ -305,7 +336,7 @@ def test_boundary_carries_no_ids_or_labels_and_clients_hold_no_trunk(setup, tran
     backwards = [m for m in log.messages if m.kind == "backward" and m.direction == TO_SERVER]
     assert len(forwards) == len(backwards) == 2 * 2  # 2 clients x 2 local steps
     trunk_ids = {id(p) for p in executor.server.trunk_parameters()}
-    for client in executor._clients:
+    for client in executor.clients.models:
         assert all(p.device.type == "meta" for p in client.trunk_parameters())
         assert not trunk_ids & {id(p) for p in client.client_parameters()}
         real = sum(p.numel() for p in client.model.parameters() if p.device.type != "meta")

@@ -9,27 +9,33 @@ import math
 import os
 import struct
 import time
+import types
 
 import grpc
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from fedlm.cli import _parser, main
+from fedlm.config import SplitConfig
+from fedlm.federation.local_training import LocalSettings
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
 from fedlm.split.grpc import SESSION_METHOD, GrpcTransport, pack_envelope, serve_trunk, unpack_envelope
+from fedlm.split.modes import build_trunk_backend
 from fedlm.split.transport import InProcessTransport, TransportError
 from fedlm.split.trunk import (
     TO_CLIENT,
     TO_SERVER,
-    MessageLog,
     RejectedMessage,
     TrunkBackend,
 )
 from fedlm.tasks import get_task
+from tests.conftest import tiny_config
+from tests.split_helpers import MessageLog
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -480,10 +486,12 @@ def test_trunk_serve_parses_its_options(tmp_path):
     args = _parser().parse_args([
         "trunk", "serve", "--config", "c.yaml", "--address", "0.0.0.0:50051", "--tokens-file", "t.yaml",
         "--tls-cert", "s.pem", "--tls-key", "s.key", "--client-ca", "ca.pem", "--max-message-mb", "16",
-        "--stream-timeout-s", "30", "--bottom-blocks", "1", "--top-blocks", "1",
+        "--stream-timeout-s", "30",
     ])
-    assert (args.command, args.trunk_command, args.address, args.max_message_mb, args.bottom_blocks) == (
-        "trunk", "serve", "0.0.0.0:50051", 16.0, 1)
+    assert (args.command, args.trunk_command, args.address, args.max_message_mb) == (
+        "trunk", "serve", "0.0.0.0:50051", 16.0)
+    with pytest.raises(SystemExit):  # the cut comes from the config's split section
+        _parser().parse_args(["trunk", "serve", "--config", "c.yaml", "--tokens-file", "t.yaml", "--top-blocks", "1"])
 
 
 def test_trunk_serve_without_a_tokens_file_exits_2_with_one_line(tmp_path, capsys):
@@ -491,3 +499,59 @@ def test_trunk_serve_without_a_tokens_file_exits_2_with_one_line(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip().count("\n") == 0 and "tokens file not found" in err
+
+
+def test_the_trunk_factory_takes_cut_clipping_and_precision_from_the_config(model, batch):
+    spec = SplitConfig(bottom_blocks=1, top_blocks=1, activation_dtype="bfloat16")
+    max_norm = 1e-3
+    split = SplitModel(copy.deepcopy(model), Cut(spec.bottom_blocks, spec.top_blocks))
+    backend = build_trunk_backend(split, spec, LocalSettings(optimizer="sgd", lr=LR, max_grad_norm=max_norm))
+    assert len(backend.trunk.blocks) == 1
+    client = SplitModel(copy.deepcopy(model), Cut(1, 1))
+    with pytest.raises(TransportError, match=r"this trunk takes activations and gradients in torch\.bfloat16"):
+        InProcessTransport(backend, "alice").forward(0, client.bottom(batch["input_ids"], batch["attention_mask"]))
+    before = _snapshot(split.trunk)
+    transport = InProcessTransport(backend, "alice", wire_dtype=torch.bfloat16)
+    assert torch.isfinite(_transport_step(client, transport, batch))
+    moved = math.sqrt(sum(float((t - before[name]).pow(2).sum()) for name, t in _snapshot(split.trunk).items()))
+    assert 0 < moved <= LR * max_norm * 1.01  # one SGD step on a gradient clipped to max_norm
+
+
+def _serve_config(tmp_path, tiny_csv, split: dict | None) -> tuple[str, str]:
+    raw = tiny_config(tmp_path, tiny_csv)
+    raw["model"]["overrides"] = {"hidden_dropout_prob": 0.1, "num_hidden_layers": 3}
+    raw["train"]["max_grad_norm"] = 0.25
+    if split is not None:
+        raw["split"] = split
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "t.yaml").write_text("alice: alice-secret\n")
+    return str(tmp_path / "c.yaml"), str(tmp_path / "t.yaml")
+
+
+def test_trunk_serve_builds_its_trunk_from_the_split_section(tmp_path, tiny_csv, monkeypatch, capsys):
+    config, tokens = _serve_config(tmp_path, tiny_csv, {"bottom_blocks": 1, "top_blocks": 1,
+                                                        "activation_dtype": "bfloat16"})
+    served = {}
+
+    def serve(backend, address, **kwargs):
+        served.update(backend=backend, address=address)
+        return types.SimpleNamespace(port=50051, server=types.SimpleNamespace(wait_for_termination=lambda: None),
+                                     stop=lambda grace: served.update(stopped=True))
+
+    monkeypatch.setattr("fedlm.split.grpc.serve_trunk", serve)
+    assert main(["trunk", "serve", "--config", config, "--tokens-file", tokens, "--insecure"]) == 0
+    backend = served["backend"]
+    assert len(backend.trunk.blocks) == 1 and backend.max_grad_norm == 0.25
+    assert backend.wire_dtype == torch.bfloat16 and served["stopped"]
+    assert "gradient norm clipped at 0.25" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("split", "reason"), [
+    (None, "has no split section"),
+    ({"trunk_mode": "client_batch"}, "trunk_mode client_batch needs the round engine"),
+])
+def test_trunk_serve_needs_a_split_section_it_can_serve_alone(tmp_path, tiny_csv, capsys, split, reason):
+    config, tokens = _serve_config(tmp_path, tiny_csv, split)
+    assert main(["trunk", "serve", "--config", config, "--tokens-file", tokens, "--insecure"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and reason in err

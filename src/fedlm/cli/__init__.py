@@ -39,16 +39,14 @@ def _parser() -> argparse.ArgumentParser:
     trunk = sub.add_parser("trunk", help="split learning: the server's trunk (middle transformer blocks)")
     trunk_sub = trunk.add_subparsers(dest="trunk_command", required=True)
     serve = trunk_sub.add_parser("serve", help="serve the trunk of a config's model to split-learning clients (gRPC)")
-    serve.add_argument("--config", required=True, help="experiment YAML: the model (as its clients build it), "
-                                                       "seed and train optimizer")
+    serve.add_argument("--config", required=True, help="experiment YAML: the model (as its clients build it), seed, "
+                                                       "train optimizer and clipping, and its split section")
     serve.add_argument("--address", default="[::]:50051", help="host:port to bind (default [::]:50051)")
     serve.add_argument("--tokens-file", required=True, help="YAML/JSON mapping of client id -> token")
     serve.add_argument("--tls-cert", help="server certificate chain (PEM)")
     serve.add_argument("--tls-key", help="server private key (PEM)")
     serve.add_argument("--client-ca", help="CA (PEM) that must have signed every client's certificate (mutual TLS)")
     serve.add_argument("--insecure", action="store_true", help="serve without TLS (tokens in clear; trusted networks)")
-    serve.add_argument("--bottom-blocks", type=int, default=0, help="blocks each client keeps below the trunk")
-    serve.add_argument("--top-blocks", type=int, default=0, help="blocks each client keeps above the trunk")
     serve.add_argument("--max-message-mb", type=float, default=64.0, help="largest message either way (MiB)")
     serve.add_argument("--stream-timeout-s", type=float, default=600.0, help="close sessions idle this long")
     return parser
@@ -95,7 +93,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"run directory: {out}")
         return 0
     if args.command == "trunk":
-        return _trunk_serve(args)
+        from fedlm.cli.trunk import trunk_serve
+
+        return trunk_serve(args)
     if args.command == "partition":
         from fedlm.cli.commands import partition_report
 
@@ -104,55 +104,4 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"partition report: {out}")
         return 0
     raise UserError(f"unknown command {args.command}")
-
-
-def _trunk_serve(args: argparse.Namespace) -> int:
-    """Check every file and option first (cheap), then build the model as its clients do and serve its trunk."""
-    from fedlm.split.grpc import load_tokens
-
-    tokens = load_tokens(args.tokens_file)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise UserError("--tls-cert and --tls-key go together")
-    tls = (_read_pem(args.tls_cert, "--tls-cert"), _read_pem(args.tls_key, "--tls-key")) if args.tls_cert else None
-    if tls is None and not args.insecure:
-        raise UserError("trunk serve needs --tls-cert and --tls-key (or --insecure on a trusted network)")
-    client_ca = _read_pem(args.client_ca, "--client-ca") if args.client_ca else None
-    if client_ca is not None and tls is None:
-        raise UserError("--client-ca needs --tls-cert and --tls-key")
-    if args.max_message_mb <= 0 or args.stream_timeout_s <= 0:
-        raise UserError("--max-message-mb and --stream-timeout-s must be > 0")
-
-    from fedlm.config import load_config
-    from fedlm.data.sources import resolve_data_dir
-    from fedlm.federation.local_training import LocalSettings, make_optimizer
-    from fedlm.models.cut import Cut, SplitModel
-    from fedlm.run.prepare import prepare
-    from fedlm.split.grpc import serve_trunk
-    from fedlm.split.trunk import TrunkBackend
-
-    config = load_config(args.config)
-    model = prepare(config, resolve_data_dir(args.data_dir)).model.train()
-    split = SplitModel(model, Cut(args.bottom_blocks, args.top_blocks))
-    settings = LocalSettings.from_config(config.train)
-    backend = TrunkBackend(split.trunk, model.config.hidden_size, lambda params: make_optimizer(params, settings))
-    server = serve_trunk(backend, args.address, tokens=tokens, tls=tls, client_ca_pem=client_ca,
-                         max_message_bytes=int(args.max_message_mb * 2**20), stream_timeout_s=args.stream_timeout_s)
-    print(f"trunk of {config.name} ({len(split.trunk.blocks)} blocks) serving on port {server.port}; Ctrl-C stops")
-    try:
-        server.server.wait_for_termination()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop(grace=5)
-    return 0
-
-
-def _read_pem(path: str, option: str) -> bytes:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise UserError(f"{option} {path}: {err.strerror}") from None
-    if b"-----BEGIN " not in data:
-        raise UserError(f"{option} {path} is not a PEM file")
-    return data
 

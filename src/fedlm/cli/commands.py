@@ -23,7 +23,7 @@ def partition_report(config: ExperimentConfig, data_dir: Path, out_dir: Path | N
     out = out_dir or Path(config.output_dir) / slug(config.name) / "partition"
     out.mkdir(parents=True, exist_ok=True)
     data = partition_input(loaded, "train")
-    part = partition_cached(build_partitioner(config.partition.spec()), data, num_clients_of(config),
+    part = partition_cached(build_partitioner(config.partition), data, num_clients_of(config),
                             config.seed, Path(config.output_dir) / ".cache")
     summary = write_partition_report(out, part, data, loaded.label_names)
     for key, value in summary.items():

@@ -1,67 +1,22 @@
-"""Per-client statistics of a partition: the table, the spreads, and the report that writes them.
-
-The same word statistics (words per text, vocabulary size) are used by the FDAPT partitioners to
-build their skews, so what the report measures is exactly what those partitioners optimise.
-"""
+"""Per-client statistics of a partition: the table, the spreads, and the report that writes them."""
 
 from __future__ import annotations
 
 import csv
 import itertools
 import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-from scipy import sparse
 from scipy.spatial.distance import jensenshannon
-from sklearn.feature_extraction.text import CountVectorizer
 
-if TYPE_CHECKING:
-    from fedlm.data.partition import Partition, PartitionInput
+from fedlm.data import partition_plots
+from fedlm.data.partition.base import Partition, PartitionInput
+from fedlm.data.partition.words import client_means, client_vocab_sizes, word_matrix, words_per_text
 
-WORD_PATTERN = r"(?u)\b\w+\b"
 SCORE_BINS = 10
 HEATMAP_CLIENTS = 100
-
-
-def word_matrix(texts: Sequence[str]) -> sparse.csr_matrix:
-    """Texts × word types count matrix (lower-cased ``\\w+`` words); one pass yields lengths,
-    vocabularies and document frequencies."""
-    vectorizer = CountVectorizer(token_pattern=WORD_PATTERN, lowercase=True, dtype=np.int32)
-    try:
-        return vectorizer.fit_transform(texts).tocsr()
-    except ValueError:  # sklearn refuses a corpus without a single word
-        return sparse.csr_matrix((len(texts), 0), dtype=np.int32)
-
-
-def words_per_text(words: sparse.csr_matrix) -> np.ndarray:
-    """Length of each text in words."""
-    return np.asarray(words.sum(axis=1)).ravel()
-
-
-def client_matrix(assignment: np.ndarray, num_clients: int) -> sparse.csr_matrix:
-    """Sparse clients × examples indicator (never dense: that would be clients × examples memory)."""
-    kept = np.flatnonzero(assignment >= 0)
-    ones = np.ones(kept.size, dtype=np.int32)
-    shape = (num_clients, assignment.size)
-    return sparse.csr_matrix((ones, (assignment[kept], kept)), shape=shape)
-
-
-def client_vocab_sizes(assignment: np.ndarray, num_clients: int, words: sparse.csr_matrix) -> np.ndarray:
-    """Number of distinct words each client holds."""
-    per_client = (client_matrix(assignment, num_clients) @ words).tocsr()
-    return np.diff(per_client.indptr)
-
-
-def client_means(assignment: np.ndarray, num_clients: int, values: np.ndarray) -> np.ndarray:
-    """Mean of ``values`` over each client's examples (NaN for an empty client)."""
-    kept = assignment >= 0
-    sums = np.bincount(assignment[kept], weights=values[kept], minlength=num_clients)
-    counts = np.bincount(assignment[kept], minlength=num_clients)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return sums / counts
 
 
 def label_classes(labels: np.ndarray, label_names: list[str] | None) -> tuple[np.ndarray, list[str]]:
@@ -147,8 +102,6 @@ def label_section(
 ) -> tuple[np.ndarray, list[str], dict[str, float]]:
     """Per-client label distributions, the spread of their JS divergence to the overall distribution,
     and the two heatmaps (first HEATMAP_CLIENTS clients: a 10,000² JS matrix would not be readable)."""
-    from fedlm.data import partition_plots
-
     k = partition.num_clients
     classes, names = label_classes(labels, label_names)
     counts = label_counts(partition.assignment, k, classes, len(names))
@@ -166,8 +119,6 @@ def write_partition_report(
 ) -> dict:
     """Write partition.csv, partition_summary.json and the PNGs (label heatmap, JS heatmap, size
     histogram) to ``out_dir``; return the summary."""
-    from fedlm.data import partition_plots
-
     out_dir.mkdir(parents=True, exist_ok=True)
     stats = client_statistics(partition, data)
     summary: dict[str, Any] = {

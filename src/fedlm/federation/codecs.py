@@ -13,7 +13,6 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from fedlm.errors import UserError
 from fedlm.federation.params import NamedTensors, nbytes
 
 
@@ -109,17 +108,16 @@ class Int8Codec:
         return out
 
 
-_CASTS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-_NAMES = (*_CASTS, Int8Codec.name)
+CASTS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+CODECS = (*CASTS, Int8Codec.name)
 
 
 def get_codec(name: str, block_size: int | None = None) -> Codec:
-    if name not in _NAMES:
-        raise UserError(f"protocol.codec = {name!r}: unknown codec (allowed: {', '.join(_NAMES)})")
-    if block_size is not None and block_size < 1:
-        raise UserError(f"protocol.codec_block_size = {block_size}: must be at least 1 (or null: one per tensor)")
+    """The codec a protocol names (``protocol.codec`` and ``codec_block_size``, validated by the config);
+    a name from elsewhere, e.g. a message, that is not one of :data:`CODECS` is a ``ValueError``."""
     if name == Int8Codec.name:
         return Int8Codec(block_size)
-    if block_size is not None:
-        raise UserError(f"protocol.codec_block_size = {block_size}: only codec int8 has blocks, not {name}")
-    return CastCodec(name, _CASTS[name])
+    if name not in CASTS or block_size is not None:
+        raise ValueError(f"no codec {name!r} with block size {block_size} (codecs: {', '.join(CODECS)}; "
+                         "only int8 has blocks)")
+    return CastCodec(name, CASTS[name])

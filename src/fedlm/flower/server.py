@@ -1,225 +1,49 @@
-"""The round engine across machines: Flower (flwr >= 1.41 message API) as one more ``Executor``.
+"""fedlm's Flower ServerApp: the simulator's round engine, with each sampled client's job sent to a node.
 
-There is no second round loop. The ``ServerApp`` calls ``experiment.run_single`` with a ``FlowerExecutor``,
-so sampling, aggregation, evaluation, recording, checkpoints and the run directory are the simulator's.
-Each sampled client's job becomes one Flower message; the ``ClientApp`` on the node runs ``fit_client``,
-the function the in-process simulator calls, and replies with its update.
-
-Who is client i: a SuperNode is fedlm client ``partition-id`` of its node config (the key Flower's own
-simulation runtime sets). At start the server sends every node a ``query`` message and routes client i's
-jobs to the node that answered ``partition-id = i`` (flwr 1.41's ``Grid`` does not expose node configs).
-
-What travels:
-
-* ``query`` (server -> each node, once): empty; reply ``ConfigRecord`` "node" = {"partition-id": int}.
-* ``train`` (server -> the node of each sampled client, group id = round):
-  "arrays" ``ArrayRecord``: the global parameters as the codec encoded them, in its dtype (fp16 travels as
-  fp16, int8 as int8; bf16, which numpy lacks, as raw little-endian bytes with stype "torch.raw");
-  "meta" ``ArrayRecord``: the codec's metadata, by parameter name (int8: its fp32 scales; empty otherwise);
-  "config" ``ConfigRecord``: round, client-id, seed, codec, codec-block-size (int8's block size; absent:
-  one scale per tensor), timeout-s, frozen (the parameters this client freezes this round, FFDAPT),
-  experiment (the config's YAML, so nodes cannot drift from the server), and ``settings.<field>`` for every
-  ``LocalSettings`` field. A key that is absent stands for None.
-* reply: "arrays" and "meta" (the client's update exactly as ``fit_client`` encoded it, not re-encoded;
-  without the frozen parameters),
-  "metrics" ``MetricRecord`` (num-examples and the training metrics: train_loss, steps, examples), "config"
-  {"client-id"}; or a Flower error reply whose reason reads like the simulator's failure reasons
-  ("timeout: ...", "non-finite update: ...").
-
-Upload bytes are ``ArrayRecord.count_bytes()`` of the reply's "arrays" plus "meta" (serialized arrays plus
-their names); the upload's metadata bytes are those of "meta".
-
-Deploy across machines (checked on one machine with flwr 1.41; every machine needs fedlm installed and
-the data, the server too, for evaluation). Protocols that keep parameters on the clients (isolated,
-sharing.critical_layer < L) are refused: the server evaluates each client's model, so run those in simulation.
-
-    # server machine S: the SuperLink (one HTTP API for SuperNodes and for `flwr`)
-    flower-superlink --insecure --host 0.0.0.0 --port 8000 --disable-runtime-dependency-installation
-    # each client machine, i = 0..n-1 (several on one machine: give each its own --port)
-    flower-supernode --insecure --superlink S:8000 --node-config "partition-id=i data-dir='/path/to/data'"
-    # the launcher, with this in $FLWR_HOME/config.toml (default ~/.flwr/config.toml):
-    #   [superlink.fedlm]
-    #   address = "S:8000"
-    #   insecure = true
-    flwr run deploy/flower fedlm --stream \\
-        --run-config "config='/path/on/S/experiment.yaml' data-dir='/path/on/S/data' run-dir='runs/flower'"
-
-Run config keys (deploy/flower/pyproject.toml): config, data-dir, run-dir, node-wait-s (how long to wait
-for every client's node at start), reply-timeout-s (how long a round waits for replies). With the default
-subprocess isolation a SuperNode starts a fresh ClientApp process per message, so each round re-runs
-``prepare`` on the node; the per-process cache pays off where ClientApps stay in one process (simulation).
-Use TLS (--ssl-* / root certificates) instead of --insecure outside a trusted network.
-
-Split learning (a config with a ``split`` section; trunk_mode sequential or parallel, client_parts share or
-average): the ServerApp also serves the trunk over gRPC + TLS (run config ``trunk-listen``, ``trunk-address``,
-``trunk-cert``, ``trunk-key``, ``trunk-ca``, ``trunk-tokens``, optional ``trunk-client-ca``), and each client
-turn is one ``train`` message carrying the client parts it should load (``share``: those the previous client
-finished with) plus "trunk-address" and "trunk-ca" (the CA's PEM) in its config. The node's ClientApp
-trains its bottom and top against the trunk with its own token (node config ``trunk-token``; optional
-``trunk-address`` / ``trunk-ca`` / ``trunk-client-cert`` / ``trunk-client-key`` override or add) and replies
-with the same parts and its boundary byte counts in the metrics. Token ids, text and labels stay on the
-node; the node never receives trained trunk weights. Checked across processes on one machine (SuperLink,
-two SuperNodes, ``flwr run``; bf16 boundary): without dropout the run matches the simulator's to 1e-5 and
-its boundary bytes exactly; with dropout the trunk's draws come from the server process's generator, not
-the client's, so the runs differ as two seeds would. Each turn pays a fresh ClientApp process (~18 s here).
-
-    flower-supernode ... --node-config "partition-id=i data-dir='/data' trunk-token='<client i token>'"
-    flwr run deploy/flower fedlm --run-config "config='split.yaml' data-dir='/data' trunk-cert='s.pem' \
-        trunk-key='s.key' trunk-ca='ca.pem' trunk-tokens='tokens.yaml' trunk-address='S:9100'"
+There is no second round loop: the ServerApp calls ``run_single`` with a ``FlowerExecutor`` (and, for split
+learning, ``FlowerSplitClients``, which also serves the trunk), so sampling, aggregation, evaluation,
+records, checkpoints and the run directory are the simulator's. How to deploy: ``deploy/flower/README.md``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import socket
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
-import yaml
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Error,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
-from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
+from flwr.app import ConfigRecordValues, Context, Message, MessageType, RecordDict, UserConfigValue
 from flwr.serverapp import Grid, ServerApp
 
 from fedlm.config import dump_config, read_yaml, validate
 from fedlm.errors import UserError
-from fedlm.federation.client_round import NonFiniteUpdate, fit_client
-from fedlm.federation.codecs import Codec, Encoded, get_codec
+from fedlm.federation.client_round import NonFiniteUpdate, client_failure, refuse_non_finite
+from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
-from fedlm.federation.local_training import ClientTimeout, LocalSettings
-from fedlm.federation.params import NamedTensors, all_finite, nbytes
+from fedlm.federation.params import NamedTensors
+from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import ClientUpdate
-from fedlm.models.cut import Cut, SplitModel
-from fedlm.run.prepare import Prepared, num_clients_of, prepare
+from fedlm.flower.messages import PARTITION_KEY, TRUNK_ADDRESS, TRUNK_CA, encoded_from_records, job_content
+from fedlm.run.prepare import num_clients_of
 from fedlm.run.recorder import slug
-from fedlm.run.single import run_single
-from fedlm.split.client import run_client_turn
-from fedlm.split.grpc import GrpcTransport, load_tokens, serve_trunk
-from fedlm.split.parts import client_copy
-from fedlm.split.trunk import WIRE_DTYPES, TrunkBackend
+from fedlm.run.single import ExecutorFactory, run_single
+from fedlm.split.grpc import load_tokens, serve_trunk
+from fedlm.split.trunk import TrunkBackend
+from fedlm.tasks import Task
 
 log = logging.getLogger("fedlm")
 
-RAW_STYPE = "torch.raw"
-TRUNK_ADDRESS, TRUNK_CA = "trunk-address", "trunk-ca"
-PARTITION_KEY = "partition-id"
 DEFAULT_NODE_WAIT_S = 300.0
 DEFAULT_REPLY_TIMEOUT_S = 3600.0
 
 
-# ---- tensors <-> Flower arrays --------------------------------------------------------------------------
-
-
-def to_array(tensor: torch.Tensor) -> Array:
-    """One tensor as a Flower Array, keeping its dtype (numpy format, or raw bytes for bf16)."""
-    tensor = tensor.detach().cpu().contiguous()
-    if tensor.dtype == torch.bfloat16:
-        raw = tensor.reshape(-1).view(torch.int16).numpy().tobytes()
-        return Array(dtype="bfloat16", shape=tuple(tensor.shape), stype=RAW_STYPE, data=raw)
-    return Array(tensor.numpy())
-
-
-def from_array(array: Array) -> torch.Tensor:
-    if array.stype == RAW_STYPE:
-        flat = torch.frombuffer(bytearray(array.data), dtype=getattr(torch, array.dtype))
-        return flat.reshape(array.shape)
-    return torch.from_numpy(array.numpy())
-
-
-def to_array_record(tensors: NamedTensors) -> ArrayRecord:
-    return ArrayRecord({name: to_array(t) for name, t in tensors.items()})
-
-
-def from_array_record(record: ArrayRecord) -> NamedTensors:
-    return {name: from_array(array) for name, array in record.items()}
-
-
-# ---- what a train message carries -----------------------------------------------------------------------
-
-
-def config_sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def encoded_from_records(arrays: ArrayRecord, meta: ArrayRecord, codec: str) -> Encoded:
-    """What a codec encoded, rebuilt from its two records, with its bytes counted as the codec counts them."""
-    tensors, scales = from_array_record(arrays), from_array_record(meta)
-    return Encoded(tensors, codec, nbytes(tensors), nbytes(scales), scales)
-
-
-def job_content(job: ClientJob, experiment: str, block_size: int | None = None,
-                extra: dict[str, Any] | None = None) -> RecordDict:
-    """A ClientJob as message content; None values are left out (absent = None).
-
-    ``block_size`` is the codec's (``job.params`` does not say it), so the node can rebuild the codec;
-    ``extra`` adds config entries (split learning: where the trunk is and the CA it is signed by).
-    """
-    values: dict[str, Any] = {**(extra or {}),
-        "round": job.round_idx, "client-id": job.client_id, "seed": job.seed, "codec": job.params.codec,
-        "codec-block-size": block_size, "timeout-s": job.timeout_s, "experiment": experiment,
-        "frozen": list(job.frozen) or None,
-        **{f"settings.{name}": value for name, value in asdict(job.settings).items()},
-    }
-    config = ConfigRecord({k: v for k, v in values.items() if v is not None})
-    return RecordDict({"arrays": to_array_record(job.params.tensors), "meta": to_array_record(job.params.meta),
-                       "config": config})
-
-
-def job_from_content(content: RecordDict) -> tuple[ClientJob, str]:
-    """The ClientJob (params still encoded) and the experiment YAML a train message carries."""
-    config = content["config"]
-    settings = LocalSettings(**{f.name: config.get(f"settings.{f.name}") for f in fields(LocalSettings)})
-    params = encoded_from_records(content["arrays"], content["meta"], str(config["codec"]))
-    job = ClientJob(int(config["client-id"]), int(config["round"]), params, settings, int(config["seed"]),
-                    config.get("timeout-s"), tuple(config.get("frozen", [])))
-    return job, str(config["experiment"])
-
-
-def codec_from_content(content: RecordDict) -> Codec:
-    """The codec a train message was encoded with: the node decodes and encodes with the server's codec."""
-    config = content["config"]
-    return get_codec(str(config["codec"]), config.get("codec-block-size"))
-
-
-def report_content(report: ClientReport, upload: Encoded) -> RecordDict:
-    """The reply to a train message; ``upload`` is the update as encoded (``report.update`` holds it decoded)."""
-    update = report.update
-    metrics = MetricRecord({"num-examples": update.num_examples, **update.metrics})
-    return RecordDict({"arrays": to_array_record(upload.tensors), "meta": to_array_record(upload.meta),
-                       "metrics": metrics, "config": ConfigRecord({"client-id": update.client_id})})
-
-
-def failure_reason(exc: Exception) -> str:
-    """The same wording as the in-process executor, so run records read alike."""
-    if isinstance(exc, ClientTimeout):
-        return f"timeout: {exc}"
-    if isinstance(exc, NonFiniteUpdate):
-        return f"non-finite update: {exc}"
-    return f"exception: {type(exc).__name__}: {exc}"
-
-
-# ---- server side ----------------------------------------------------------------------------------------
-
-
 def discover_clients(grid: Grid, num_clients: int, wait_s: float, poll_s: float = 0.5) -> dict[int, int]:
-    """Map fedlm client id -> Flower node id by asking each node its partition-id.
+    """Map fedlm client id -> Flower node id by asking each node its partition-id (the Grid does not show
+    node configs).
 
     Waits up to ``wait_s`` for all ``num_clients`` to show up (SuperNodes may connect after the run starts);
     clients still missing then are reported as failed whenever they are sampled.
@@ -260,22 +84,23 @@ def _register_node(found: dict[int, int], reply: Message, num_clients: int) -> N
 
 
 class FlowerExecutor:
-    """Sends each job to its client's node in one ``send_and_receive``; returns results in job order.
+    """The engine's ``Executor`` over Flower: each job to its client's node in one ``send_and_receive``,
+    results in job order.
 
     Job order (not arrival order) keeps the aggregation's summation order, hence the result, identical to
     the in-process simulator's.
     """
 
     def __init__(self, grid: Grid, node_ids_by_client: dict[int, int], codec: Codec, experiment: str,
-                 timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S,
-                 progress: Callable[[int], None] | None = None, extra: dict[str, Any] | None = None) -> None:
-        self.extra = extra
+                 timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S, progress: Callable[[int], None] | None = None,
+                 extra: Mapping[str, ConfigRecordValues] | None = None) -> None:
         self.grid = grid
         self.nodes = node_ids_by_client
         self.codec = codec
         self.experiment = experiment
         self.timeout_s = timeout_s
         self.progress = progress
+        self.extra = extra
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         results: dict[int, ClientReport | ClientFailure] = {
@@ -308,11 +133,12 @@ class FlowerExecutor:
         try:
             return self._report(job, reply.content)
         except NonFiniteUpdate as exc:
-            return ClientFailure(job.client_id, f"non-finite update: {exc}")
+            return client_failure(job.client_id, exc)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             return ClientFailure(job.client_id, f"malformed reply: {type(exc).__name__}: {exc}")
 
     def _report(self, job: ClientJob, content: RecordDict) -> ClientReport:
+        """A reply as the engine's report; the node's word is checked, not trusted (shapes, finiteness)."""
         if int(content["config"]["client-id"]) != job.client_id:
             raise ValueError(f"reply is from client {content['config']['client-id']}, not {job.client_id}")
         arrays, meta = content["arrays"], content["meta"]
@@ -321,9 +147,7 @@ class FlowerExecutor:
         _check_like(received.tensors, {n: t for n, t in job.params.tensors.items() if n not in skip}, "parameter")
         _check_like(received.meta, {n: t for n, t in job.params.meta.items() if n not in skip}, "metadata")
         params = self.codec.decode(received)
-        bad = all_finite(params)
-        if bad is not None:
-            raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
+        refuse_non_finite(params)
         metrics = content["metrics"]
         extra = {k: float(v) for k, v in metrics.items() if k != "num-examples"}
         in_sent_order = {n: params[n] for n in job.params.tensors if n not in skip}
@@ -343,12 +167,13 @@ def _check_like(received: NamedTensors, sent: NamedTensors, what: str) -> None:
 
 
 def flower_executor_factory(grid: Grid, node_ids_by_client: dict[int, int], experiment: str,
-                            timeout_s: float | None) -> Callable[..., FlowerExecutor]:
-    """An ``executor_factory`` for ``run_single``: same signature as ``InProcessExecutor``'s constructor."""
+                            timeout_s: float | None) -> ExecutorFactory:
+    """``run_single``'s ``executor_factory``: the model, task, data and client store live on the nodes."""
 
-    def factory(model: Any, task: Any, client_rows: Any, codec: Codec, store: Any, local_names: list[str],
+    def factory(model: torch.nn.Module, task: Task, client_rows: dict[int, Sequence[dict]], codec: Codec,
+                store: ClientStore, local_names: list[str],
                 progress: Callable[[int], None] | None = None) -> FlowerExecutor:
-        del model, task, client_rows, store  # they live on the nodes
+        del model, task, client_rows, store
         if local_names:
             raise UserError("this protocol keeps parameters on the clients, which the server needs for "
                             "evaluation; run it in simulation, not through Flower")
@@ -371,7 +196,7 @@ class TrunkService:
     client_ca: bytes | None = None
 
     @classmethod
-    def from_settings(cls, context: Context, defaults: dict[str, Any]) -> TrunkService:
+    def from_settings(cls, context: Context, defaults: Mapping[str, UserConfigValue]) -> TrunkService:
         def read(key: str, required: bool = True) -> bytes | None:
             value = _setting(context, key, defaults)
             if value is None:
@@ -389,15 +214,16 @@ class TrunkService:
             raise UserError("a split run through Flower needs client tokens: set the run config key "
                             "'trunk-tokens' (a YAML file of client id -> token)")
         cert, key = read("trunk-cert"), read("trunk-key")
+        address = _setting(context, "trunk-address", defaults)
         return cls(str(_setting(context, "trunk-listen", defaults, "[::]:9100")),
-                   _setting(context, "trunk-address", defaults), cert, key, read("trunk-ca", False) or cert,
+                   None if address is None else str(address), cert, key, read("trunk-ca", False) or cert,
                    load_tokens(str(tokens)), read("trunk-client-ca", False))
 
 
 class FlowerSplitClients:
-    """Split learning across machines: the ServerApp's process serves the trunk over gRPC + TLS, and each
-    client turn is one Flower message to the client's node, whose ClientApp trains the client's parts
-    against that trunk (``run_client_turn``) and replies with them. Implements ``RemoteClients``."""
+    """Split learning across machines, as ``RemoteClients``: this process serves the trunk over gRPC + TLS,
+    and each client turn is one Flower message to the client's node, whose ClientApp trains the client's
+    parts against that trunk and replies with them."""
 
     def __init__(self, backend: TrunkBackend, codec: Codec, grid: Grid, nodes: dict[int, int], experiment: str,
                  timeout_s: float | None, service: TrunkService) -> None:
@@ -416,7 +242,8 @@ class FlowerSplitClients:
         self.server.stop(grace=1.0)
 
 
-def _setting(context: Context, key: str, defaults: dict[str, Any], fallback: Any = None) -> Any:
+def _setting(context: Context, key: str, defaults: Mapping[str, UserConfigValue],
+             fallback: UserConfigValue | None = None) -> UserConfigValue | None:
     """Run config (non-empty) first, then the app's defaults, then ``fallback``."""
     value = context.run_config.get(key)
     if value in (None, ""):
@@ -424,7 +251,7 @@ def _setting(context: Context, key: str, defaults: dict[str, Any], fallback: Any
     return fallback if value in (None, "") else value
 
 
-def build_server_app(**defaults: Any) -> ServerApp:
+def build_server_app(**defaults: UserConfigValue) -> ServerApp:
     """The ServerApp; ``defaults`` (config, data-dir, run-dir, ...) fill run config keys left empty."""
     app = ServerApp()
 
@@ -433,8 +260,8 @@ def build_server_app(**defaults: Any) -> ServerApp:
         path = _setting(context, "config", defaults)
         if path is None:
             raise UserError("no experiment config: set the run config key 'config' to a YAML path")
-        config = validate(read_yaml(Path(path)))
-        run_dir = _setting(context, "run-dir", defaults, Path(config.output_dir) / slug(config.name))
+        config = validate(read_yaml(Path(str(path))))
+        run_dir = _setting(context, "run-dir", defaults, str(Path(config.output_dir) / slug(config.name)))
         wait_s = float(_setting(context, "node-wait-s", defaults, DEFAULT_NODE_WAIT_S))
         timeout_s = float(_setting(context, "reply-timeout-s", defaults, DEFAULT_REPLY_TIMEOUT_S))
         nodes = discover_clients(grid, num_clients_of(config), wait_s)
@@ -445,133 +272,10 @@ def build_server_app(**defaults: Any) -> ServerApp:
             service = TrunkService.from_settings(context, defaults)
             split_remote = partial(FlowerSplitClients, grid=grid, nodes=nodes, experiment=experiment,
                                    timeout_s=timeout_s, service=service)
-        run_single(config, Path(_setting(context, "data-dir", defaults, ".")), Path(run_dir),
+        run_single(config, Path(str(_setting(context, "data-dir", defaults, "."))), Path(str(run_dir)),
                    executor_factory=factory, split_remote=split_remote)
 
     return app
 
 
-# ---- client side ----------------------------------------------------------------------------------------
-
-
-class ClientRuntime:
-    """A node's prepared data and model, built once per process and per experiment, reused every round.
-
-    The lock keeps two ClientApp calls in one process from training the shared model at the same time.
-    """
-
-    def __init__(self, data_dir: str | None = None, trunk_tokens: dict[int, str] | None = None) -> None:
-        self.data_dir = data_dir
-        self.trunk_tokens = trunk_tokens or {}
-        self.lock = threading.Lock()
-        self._cache: tuple[tuple[str, str], Prepared] | None = None
-        self._split_client: tuple[Prepared, SplitModel] | None = None
-
-    def prepared(self, experiment: str, data_dir: str) -> Prepared:
-        key = (config_sha(experiment), data_dir)
-        if self._cache is None or self._cache[0] != key:
-            config = validate(yaml.safe_load(experiment) or {})
-            torch.manual_seed(config.seed)
-            self._cache = key, prepare(config, Path(data_dir))
-        return self._cache[1]
-
-    def data_dir_of(self, context: Context) -> str:
-        value = context.node_config.get("data-dir") or context.run_config.get("data-dir") or self.data_dir
-        return str(value or ".")
-
-    def query(self, msg: Message, context: Context) -> Message:
-        try:
-            content = RecordDict({"node": ConfigRecord({PARTITION_KEY: partition_id(context)})})
-        except UserError as exc:
-            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(exc)), reply_to=msg)
-        return Message(content, reply_to=msg)
-
-    def train(self, msg: Message, context: Context) -> Message:
-        try:
-            content = self._train(msg.content, context)
-        except Exception as exc:  # a failed client answers with an error; the node stays up
-            log.debug("client training failed", exc_info=True)
-            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, failure_reason(exc)), reply_to=msg)
-        return Message(content, reply_to=msg)
-
-    def _train(self, content: RecordDict, context: Context) -> RecordDict:
-        job, experiment = job_from_content(content)
-        own = partition_id(context)
-        if job.client_id != own:
-            raise UserError(f"job for client {job.client_id} reached the node of client {own}")
-        with self.lock:
-            prep = self.prepared(experiment, self.data_dir_of(context))
-            if prep.config.split is not None:
-                report, upload = run_client_turn(self.split_client(prep), prep.task,
-                                                 prep.client_train[own], job, codec_from_content(content),
-                                                 self.trunk_transport(content, context, prep, own))
-                return report_content(report, upload)
-            codec = KeepUpload(codec_from_content(content))
-            report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [])
-        if codec.upload is None:
-            raise RuntimeError("fit_client encoded no upload")
-        return report_content(report, codec.upload)
-
-    def split_client(self, prep: Prepared) -> SplitModel:
-        """This node's client parts (bottom and top; the trunk a ``meta`` placeholder), made once per prepared
-        experiment."""
-        if self._split_client is None or self._split_client[0] is not prep:
-            spec = prep.config.split
-            self._split_client = prep, client_copy(SplitModel(prep.model, Cut(spec.bottom_blocks, spec.top_blocks)))
-        return self._split_client[1]
-
-    def trunk_transport(self, content: RecordDict, context: Context, prep: Prepared, own: int) -> GrpcTransport:
-        """A TLS session with the server's trunk: the address and CA the job names (node config
-        ``trunk-address`` / ``trunk-ca`` override them), this node's ``trunk-token`` and, for mutual TLS,
-        its ``trunk-client-cert`` / ``trunk-client-key``."""
-        node, job = context.node_config, content["config"]
-        token = node.get("trunk-token") or self.trunk_tokens.get(own)
-        if not token:
-            raise UserError("this SuperNode has no trunk token: add trunk-token='<token>' to its --node-config")
-        ca = Path(str(node["trunk-ca"])).read_bytes() if node.get("trunk-ca") else str(job[TRUNK_CA]).encode()
-        cert = None
-        if node.get("trunk-client-cert"):
-            cert = (Path(str(node["trunk-client-cert"])).read_bytes(),
-                    Path(str(node["trunk-client-key"])).read_bytes())
-        return GrpcTransport(str(node.get("trunk-address") or job[TRUNK_ADDRESS]), str(own), str(token),
-                             root_cert_pem=ca, client_cert=cert, timeout_s=float(job.get("timeout-s", 600.0)),
-                             wire_dtype=WIRE_DTYPES[prep.config.split.activation_dtype])
-
-
-class KeepUpload:
-    """A codec that remembers what it last encoded: fit_client's one encode is the upload, which the reply
-    then carries as encoded (decoding and re-encoding int8 can move a scale by an ulp)."""
-
-    def __init__(self, codec: Codec) -> None:
-        self.codec = codec
-        self.name = codec.name
-        self.block_size = codec.block_size
-        self.upload: Encoded | None = None
-
-    def encode(self, tensors: NamedTensors) -> Encoded:
-        self.upload = self.codec.encode(tensors)
-        return self.upload
-
-    def decode(self, encoded: Encoded) -> NamedTensors:
-        return self.codec.decode(encoded)
-
-
-def partition_id(context: Context) -> int:
-    value = context.node_config.get(PARTITION_KEY)
-    if value is None:
-        raise UserError("this SuperNode has no partition-id: start it with --node-config 'partition-id=<i>'")
-    return int(value)
-
-
-def build_client_app(data_dir: str | None = None, trunk_tokens: dict[int, str] | None = None) -> ClientApp:
-    """The ClientApp; ``data_dir`` is used when neither node config nor run config names one, and
-    ``trunk_tokens`` (by partition id) when a node's config has no ``trunk-token``."""
-    runtime = ClientRuntime(data_dir, trunk_tokens)
-    app = ClientApp()
-    app.query()(runtime.query)
-    app.train()(runtime.train)
-    return app
-
-
 server_app = build_server_app()
-client_app = build_client_app()

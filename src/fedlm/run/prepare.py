@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from fedlm.config import ExperimentConfig
+from fedlm.config import ExperimentConfig, IidPartitionConfig
 from fedlm.data.partition import Partition, PartitionInput, build_partitioner, holdout_split, partition_cached
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
@@ -92,8 +92,7 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     loaded = load_data(config, data_dir)
     task_name = resolve_task(config.task, loaded.kind, config.model.family)
     n_clients = num_clients_of(config)
-    spec = {"kind": "iid"} if n_clients == 1 else config.partition.spec()
-    partitioner = build_partitioner(spec)
+    partitioner = build_partitioner(IidPartitionConfig() if n_clients == 1 else config.partition)
     train_input = partition_input(loaded, "train")
     train_part = partition_cached(partitioner, train_input, n_clients, config.seed, cache_dir)
     train = loaded.splits["train"]

@@ -31,7 +31,7 @@ from fedlm.run.prepare import Prepared, num_clients_of, prepare
 from fedlm.run.progress import RoundProgress
 from fedlm.run.recorder import RunRecorder
 from fedlm.run.report import markdown_table, plot_run, summarize
-from fedlm.split.executor import RemoteClients, build_split_executor
+from fedlm.split.executor import RemoteClients, SplitExecutor
 from fedlm.split.trunk import TrunkBackend
 from fedlm.tasks import Task
 
@@ -153,9 +153,10 @@ def build_executor(prep: Prepared, policy: SharingPolicy, codec: Codec, store: C
     if prep.config.split is None:
         factory = executor_factory or InProcessExecutor
         return factory(prep.model, prep.task, prep.client_train, codec, store, policy.local_names, progress=progress)
-    executor = build_split_executor(prep.model, prep.config.split, prep.task, prep.client_train, codec, store,
-                                    settings, progress=progress, remote=split_remote)
+    executor = SplitExecutor(prep.model, prep.config.split, prep.task, prep.client_train, codec, store, settings,
+                             progress=progress, remote=split_remote)
     hooks.downlink, hooks.begin_round = executor.downlink, executor.begin_round
+    hooks.server_params = executor.server_params  # the trunk (and share's parts) enter the global model here
     return executor
 
 

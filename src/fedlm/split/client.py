@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,7 +25,7 @@ from fedlm.federation.local_training import (
     clip_and_step,
     make_optimizer,
 )
-from fedlm.federation.params import NamedTensors, load_into
+from fedlm.federation.params import load_into
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.models.cut import Activations, SplitModel
 from fedlm.split.transport import Transport
@@ -34,12 +33,13 @@ from fedlm.tasks import Task
 from fedlm.tasks.base import model_inputs
 
 BOUNDARY_UP, BOUNDARY_DOWN = "boundary_bytes_up", "boundary_bytes_down"  # a remote client's report metrics
-Request = tuple[str, int, Any]  # ("forward", step, Activations) or ("backward", step, gradient)
+Request = tuple[str, int, Activations | Tensor]  # ("forward", step, Activations) or ("backward", step, gradient)
+Answer = Activations | Tensor  # the trunk output for a forward, the input gradient for a backward
+Steps = Generator[Request, Answer | None, dict[str, float]]
 
 
 def client_steps(client: SplitModel, task: Task, rows: Sequence[dict], settings: LocalSettings, seed: int,
-                 deadline: float | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 ) -> Generator[Request, Any, dict[str, float]]:
+                 deadline: float | None = None, optimizer: torch.optim.Optimizer | None = None) -> Steps:
     """One client's local training, yielding at every message to the trunk and resuming with the answer.
 
     The same batches, masking and dropout draws as ``train_locally`` (same seeding, same order of forward
@@ -68,22 +68,6 @@ def client_steps(client: SplitModel, task: Task, rows: Sequence[dict], settings:
     return tally.metrics(len(rows))
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> NamedTensors:
-    """The optimizer's per-parameter state (AdamW's step and moments) as named tensors
-    ``<parameter>/<key>``, so it can travel with the parameters like any other update."""
-    names = {id(param): name for name, param in model.named_parameters()}
-    return {f"{names[id(param)]}/{key}": value.detach().clone()
-            for param, state in optimizer.state.items() for key, value in state.items() if torch.is_tensor(value)}
-
-
-def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: NamedTensors) -> None:
-    """The inverse of :func:`optimizer_tensors`: set ``model``'s parameters' state in ``optimizer``."""
-    params = dict(model.named_parameters())
-    for full_name, value in tensors.items():
-        name, key = full_name.rsplit("/", 1)
-        optimizer.state[params[name]][key] = value.clone()
-
-
 def run_client_turn(client: SplitModel, task: Task, rows: Sequence[dict], job: ClientJob, codec: Codec,
                     transport: Transport) -> tuple[ClientReport, Encoded]:
     """A client's turn on its own machine: load the parts it was sent, train them against the remote trunk,
@@ -100,12 +84,13 @@ def run_client_turn(client: SplitModel, task: Task, rows: Sequence[dict], job: C
     return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), encoded
 
 
-def call_trunk(transport: Transport, request: Request) -> Any:
+def call_trunk(transport: Transport, request: Request) -> Answer:
+    """Deliver one request through ``transport`` and return the trunk's answer."""
     kind, step, payload = request
     return transport.forward(step, payload) if kind == "forward" else transport.backward(step, payload)
 
 
-def drive(steps: Generator[Request, Any, dict[str, float]], transport: Transport) -> dict[str, float]:
+def drive(steps: Steps, transport: Transport) -> dict[str, float]:
     """Run one client's steps to the end, answering each request through ``transport``."""
     answer = None
     while True:
@@ -116,7 +101,7 @@ def drive(steps: Generator[Request, Any, dict[str, float]], transport: Transport
         answer = call_trunk(transport, request)
 
 
-def drive_lockstep(steps: dict[int, Generator], transports: dict[int, Transport],
+def drive_lockstep(steps: dict[int, Steps], transports: dict[int, Transport],
                    pool: ThreadPoolExecutor) -> dict[int, dict[str, float] | BaseException]:
     """Run several clients against a client-batch trunk, one message each per trunk step.
 
@@ -124,7 +109,7 @@ def drive_lockstep(steps: dict[int, Generator], transports: dict[int, Transport]
     reproducible); only the transport calls run concurrently, because the trunk answers once every
     client's message is in. A client that finishes or fails closes its transport, leaving the batch.
     """
-    answers: dict[int, Any] = dict.fromkeys(steps)
+    answers: dict[int, Answer | None] = dict.fromkeys(steps)
     outcomes: dict[int, dict[str, float] | BaseException] = {}
     active = list(steps)
     while active:

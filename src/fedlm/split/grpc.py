@@ -38,7 +38,7 @@ import yaml
 from fedlm.errors import UserError
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
-from fedlm.split.transport import TransportError, _ClientSide
+from fedlm.split.transport import ClientSide, TransportError
 from fedlm.split.trunk import (
     TO_CLIENT,
     MessageHook,
@@ -253,7 +253,7 @@ def load_tokens(path: str | Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ client
 
 
-class GrpcTransport(_ClientSide):
+class GrpcTransport(ClientSide):
     """A client's session with a remote trunk: each ``forward``/``backward`` waits at most ``timeout_s``.
 
     ``wire_dtype`` (float16 / bfloat16) sends activations and gradients at 16 bits, halving the boundary's

@@ -1,18 +1,29 @@
-"""Who owns which parameters in split learning: the client's bottom and top, the server's trunk, and which
-client parameters leave the client (shared) or never do (local)."""
+"""Who owns which parameters in split learning, and what happens to the client's.
+
+The client holds its bottom and top, the server the trunk (:class:`SplitParts`). A client-part policy
+(:data:`CLIENT_PARTS`, the config's ``split.client_parts``) decides which client parameters leave the client
+and how they come back into the global model:
+
+* ``share`` (FedBERT's Head-Emd Share): bottom and top are handed from client to client through the server;
+  each client starts from the parts the previous one finished with, and the last one's are the round's;
+* ``average`` (Head-Emd Avg): bottom and top go into every report and FedAvg averages them;
+* ``average_bottom`` (EmdAvg): the bottom is averaged, each client keeps its own top;
+* ``local``: both stay with each client.
+"""
 
 from __future__ import annotations
 
+import abc
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from fedlm.errors import UserError
+from fedlm.config import SplitConfig
+from fedlm.federation.params import NamedTensors
 from fedlm.federation.sharing import SharingPolicy
-from fedlm.models.cut import SplitModel
-
-CLIENT_PARTS = ("share", "average_bottom", "average", "local")
+from fedlm.models.cut import Cut, SplitModel
 
 
 @dataclass(frozen=True)
@@ -30,12 +41,96 @@ class SplitParts:
         return SharingPolicy(self.trunk + self.shared, self.local)
 
 
-def split_parts(split: SplitModel, client_parts: str) -> SplitParts:
-    if client_parts not in CLIENT_PARTS:
-        raise UserError(f"split.client_parts = {client_parts!r}; choose one of {', '.join(CLIENT_PARTS)}")
+class ClientParts(abc.ABC):
+    """A client-part policy: which client parameters are shared, and what a client's upload of them becomes.
+
+    By default each report carries the uploaded parts into FedAvg's average; a policy that hands them on
+    instead keeps them (``take``) and gives the last ones to the global model itself (``server_params``).
+    """
+
+    relays: ClassVar[bool] = False  # the parts travel from client to client, not into an average
+
+    @abc.abstractmethod
+    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+        """The client parameter names that leave the client."""
+
+    def begin_round(self) -> None:
+        """A round (or a retried attempt) starts from the global model's parts."""
+        return None  # nothing handed on to forget
+
+    def relayed(self) -> NamedTensors | None:
+        """The parts the next client starts from instead of the round's, if any."""
+        return None
+
+    def take(self, uploaded: NamedTensors) -> NamedTensors:
+        """What a client's report carries into the average, given the shared parts it uploaded."""
+        return uploaded
+
+    def server_params(self) -> NamedTensors:
+        """Client parts the server hands to the global model itself at the round's end."""
+        return {}
+
+
+class Share(ClientParts):
+    """Head-Emd Share: bottom and top passed from client to client; the last client's become the round's."""
+
+    relays = True
+
+    def __init__(self) -> None:
+        self._relay: NamedTensors | None = None
+
+    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+        return bottom + top
+
+    def begin_round(self) -> None:
+        self._relay = None
+
+    def relayed(self) -> NamedTensors | None:
+        return self._relay
+
+    def take(self, uploaded: NamedTensors) -> NamedTensors:
+        self._relay = uploaded
+        return {}
+
+    def server_params(self) -> NamedTensors:
+        return dict(self._relay or {})
+
+
+class Average(ClientParts):
+    """Head-Emd Avg: bottom and top averaged over the round's clients."""
+
+    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+        return bottom + top
+
+
+class AverageBottom(ClientParts):
+    """EmdAvg: the bottom (embeddings and first blocks) averaged; each client keeps its top."""
+
+    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+        return list(bottom)
+
+
+class Local(ClientParts):
+    """Nothing of the client's leaves it; only the trunk is common."""
+
+    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+        return []
+
+
+CLIENT_PARTS: dict[str, type[ClientParts]] = {
+    "share": Share, "average": Average, "average_bottom": AverageBottom, "local": Local,
+}
+
+
+def split_model(model: torch.nn.Module, spec: SplitConfig) -> SplitModel:
+    """The model cut where a config's ``split`` section says."""
+    return SplitModel(model, Cut(spec.bottom_blocks, spec.top_blocks))
+
+
+def split_parts(split: SplitModel, policy: ClientParts) -> SplitParts:
     bottom = split.bottom_parameter_names()
     top = [n for n in split.client_parameter_names() if n not in set(bottom)]  # tied weights count as bottom
-    shared = {"share": bottom + top, "average": bottom + top, "average_bottom": bottom, "local": []}[client_parts]
+    shared = policy.shared(bottom, top)
     local = [n for n in bottom + top if n not in set(shared)]
     return SplitParts(bottom, top, split.trunk_parameter_names(), shared, local)
 

@@ -3,6 +3,7 @@ messages to the trunk, counting their exact bytes.
 
 ``InProcessTransport`` calls a :class:`~fedlm.split.trunk.TrunkBackend` in this process through the same
 serialisation and checks as the network; :class:`~fedlm.split.grpc.GrpcTransport` reaches a trunk over gRPC.
+Both are a :class:`ClientSide`, which owns what they share: precision, encoding, byte counts and hooks.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from fedlm.split.trunk import (
     MessageHook,
     RejectedMessage,
     TrunkBackend,
-    _cast_floats,
-    _wire_precision,
     handle_request,
+    message_precision,
 )
 
 log = logging.getLogger("fedlm")
@@ -35,7 +35,6 @@ log = logging.getLogger("fedlm")
 
 class TransportError(RuntimeError):
     """Client side: the trunk server refused a message or could not be reached; carries the server's reason."""
-
 
 
 class Transport(Protocol):
@@ -52,7 +51,7 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class _ClientSide(abc.ABC):
+class ClientSide(abc.ABC):
     """What both transports share: encoding, counting, hooks, and turning answers into client values."""
 
     def __init__(self, client_id: str, hook: MessageHook | None, wire_dtype: torch.dtype = torch.float32) -> None:
@@ -77,8 +76,8 @@ class _ClientSide(abc.ABC):
 
     def _call(self, kind: str, step: int, tensors: dict[str, Tensor], expect: str) -> Tensor:
         """One exchange; floating-point tensors cross in ``wire_dtype`` and come back in the caller's dtype."""
-        compute = _wire_precision(tensors)
-        tensors = _cast_floats(tensors, self.wire_dtype)
+        compute = message_precision(tensors)
+        tensors = wire.cast_floats(tensors, self.wire_dtype)
         payload = wire.encode(tensors)
         with self._lock:
             if self._hook is not None:
@@ -104,7 +103,7 @@ class _ClientSide(abc.ABC):
     def close(self) -> None: ...
 
 
-class InProcessTransport(_ClientSide):
+class InProcessTransport(ClientSide):
     """Calls a :class:`TrunkBackend` in this process, through the same serialisation and checks as gRPC
     (so simulations count the same bytes and refuse the same messages as a deployment)."""
 
@@ -123,3 +122,22 @@ class InProcessTransport(_ClientSide):
     def close(self) -> None:
         """Forget this client's pending forwards on the backend."""
         self._backend.drop(self.client_id)
+
+
+class InProcessConnections:
+    """Opens an :class:`InProcessTransport` to ``backend`` per client session (the simulator's default); the
+    hook sees each message as the client sends and receives it. Same constructor and calls as
+    :class:`~fedlm.split.grpc.LoopbackGrpc`, so the simulator picks either from ``split.transport``."""
+
+    def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None,
+                 wire_dtype: torch.dtype = torch.float32) -> None:
+        del client_ids  # any client may connect in process
+        self._backend = backend
+        self._hook = hook
+        self._wire_dtype = wire_dtype
+
+    def __call__(self, client_id: str) -> InProcessTransport:
+        return InProcessTransport(self._backend, client_id, hook=self._hook, wire_dtype=self._wire_dtype)
+
+    def close(self) -> None:
+        """Nothing to release: each transport ends its own session."""

@@ -1,6 +1,7 @@
-"""The client/server boundary of split learning: the server's trunk logic and the client's transports.
+"""The server's side of the split boundary: the trunk, the checks on what clients send, and one message's
+handling for every transport.
 
-One training step, as the client drives it through a :class:`Transport`::
+One training step, as the client drives it through a :class:`~fedlm.split.transport.Transport`::
 
     sent = split.bottom(input_ids, attention_mask)     # client
     top_in = transport.forward(step, sent)              # server: trunk forward
@@ -21,7 +22,6 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -32,12 +32,14 @@ from fedlm.split import wire
 
 __all__ = [
     "FORWARD_NAMES",
-    "Message",
+    "WIRE_DTYPES",
     "MessageHook",
-    "MessageLog",
     "RejectedMessage",
     "TrunkBackend",
+    "check_grad",
+    "check_step",
     "handle_request",
+    "message_precision",
 ]
 
 log = logging.getLogger("fedlm")
@@ -58,32 +60,6 @@ class RejectedMessage(ValueError):
     """The server refused a message (wrong names, shapes, dtypes, values or step); the message says why."""
 
 
-class Message(NamedTuple):
-    direction: str
-    client_id: str
-    kind: str
-    tensors: dict[str, tuple[str, tuple[int, ...]]]
-
-
-class MessageLog:
-    """A :data:`MessageHook` that keeps every message it sees, so a test can check what crossed."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, direction: str, client_id: str, kind: str, tensors: dict) -> None:
-        with self._lock:
-            self.messages.append(Message(direction, client_id, kind, dict(tensors)))
-
-    def names(self, direction: str) -> set[str]:
-        """Every tensor name seen in one direction."""
-        return {name for m in self.messages if m.direction == direction for name in m.tensors}
-
-
-# ------------------------------------------------------------------------------------------------ server
-
-
 @dataclasses.dataclass
 class _Pending:
     received: Tensor  # the trunk's input, a leaf that collects the gradient to send back
@@ -98,15 +74,17 @@ class TrunkBackend:
     forward graph until that step's backward arrives. A refused message raises :class:`RejectedMessage`
     before anything is computed, so the trunk's weights and other clients' pending steps are untouched.
 
-    This is the *sequential* trunk mode (FedBERT's sequential FSL, SplitFed V2): one shared trunk, stepped
-    by each client's backward in turn, under a lock so concurrent clients are safe. A backward applies the
-    gradient of the weights its forward saw, so when a step changes the weights every other pending
-    forward is dropped (its backward is then refused, and the client runs that forward again); a round
-    engine in this mode lets one client at a time run forward-backward. Other trunk modes are other
-    backends with the same ``forward``/``backward`` methods, so transports and clients do not change:
-    *parallel* (FedBERT parallel FSL, SplitFed V1) keeps one trunk copy per client and averages them at
-    the round's end; *client batch* (FL-GLM) concatenates the round's forwards into one batch and steps
-    once when every client's gradient is in.
+    One trunk, stepped by each client's backward in turn, under a lock so concurrent clients are safe. A
+    backward applies the gradient of the weights its forward saw, so when a step changes the weights every
+    other pending forward is dropped (its backward is then refused, and the client runs that forward again);
+    a round engine lets one client at a time run forward-backward. The trunk modes *sequential* and
+    *parallel* use this backend (parallel reloads the round's trunk before each client's turn, see
+    :mod:`fedlm.split.modes`); *client batch* is :class:`~fedlm.split.trunk_batching.BatchingTrunkBackend`,
+    with the same ``forward``/``backward`` methods, so transports and clients do not change.
+
+    ``wire_dtype``, if given, is the one precision activations and gradients may arrive in (the config's
+    ``split.activation_dtype``); a message in another is refused. Without it any of :data:`WIRE_DTYPES`
+    is taken.
     """
 
     def __init__(
@@ -117,7 +95,10 @@ class TrunkBackend:
         *,
         max_pending_per_client: int = 4,
         max_grad_norm: float | None = None,
+        wire_dtype: torch.dtype | None = None,
     ) -> None:
+        if wire_dtype is not None and wire_dtype not in WIRE_DTYPES.values():
+            raise ValueError(f"wire_dtype {wire_dtype} is not one of {', '.join(WIRE_DTYPES)}")
         self.trunk = trunk
         self.hidden_size = hidden_size
         params = list(trunk.parameters())
@@ -127,6 +108,7 @@ class TrunkBackend:
         self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(params)
         self.max_pending_per_client = max_pending_per_client
         self.max_grad_norm = max_grad_norm
+        self.wire_dtype = wire_dtype
         self.compute_dtype, self._device = params[0].dtype, params[0].device
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._lock = threading.Lock()
@@ -146,7 +128,7 @@ class TrunkBackend:
         """Run the trunk on a client's activations; keep the graph for :meth:`backward`."""
         acts = self._check_activations(tensors)
         with self._lock:
-            key = (client_id, _check_step(step))
+            key = (client_id, check_step(step))
             if key in self._pending:
                 raise RejectedMessage(f"step {step} of client {client_id} already has a forward awaiting backward")
             waiting = sum(1 for cid, _ in self._pending if cid == client_id)
@@ -166,14 +148,14 @@ class TrunkBackend:
         """Backpropagate the client's gradient w.r.t. the trunk output, step the optimizer (clipping the
         trunk's gradient norm if ``max_grad_norm``), and return the gradient w.r.t. the trunk input."""
         with self._lock:
-            key = (client_id, _check_step(step))
+            key = (client_id, check_step(step))
             pending = self._pending.get(key)
             if pending is None:
                 raise RejectedMessage(
                     f"no forward of client {client_id} step {step} awaits backward (never sent, already used, "
                     "or dropped because the trunk stepped since; run the forward again)"
                 )
-            _check_grad(grad, step, tuple(pending.output.shape), pending.output.dtype)
+            check_grad(grad, step, tuple(pending.output.shape), pending.output.dtype)
             del self._pending[key]
             pending.output.backward(grad.to(self._device))
             self._step()
@@ -225,13 +207,14 @@ class TrunkBackend:
         return Activations(hidden, mask, positions)
 
 
-def _check_step(step: int) -> int:
+def check_step(step: int) -> int:
+    """A message's step number: an integer >= 0."""
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise RejectedMessage(f"step must be an integer >= 0, got {step!r}")
     return step
 
 
-def _check_grad(grad: Tensor, step: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+def check_grad(grad: Tensor, step: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """A backward's gradient must match the trunk output it answers: shape, dtype, finite values."""
     if not isinstance(grad, Tensor) or tuple(grad.shape) != shape:
         got = tuple(grad.shape) if isinstance(grad, Tensor) else type(grad).__name__
@@ -259,8 +242,11 @@ def handle_request(
     tensors = wire.decode(payload)
     if hook is not None:
         hook(TO_SERVER, client_id, kind, wire.describe(tensors))
-    precision = _wire_precision(tensors)
-    tensors = _cast_floats(tensors, backend.compute_dtype)
+    precision = message_precision(tensors)
+    if backend.wire_dtype is not None and wire.float_dtypes(tensors) and precision != backend.wire_dtype:
+        raise RejectedMessage(f"the {kind} travels in {precision}; this trunk takes activations and gradients "
+                              f"in {backend.wire_dtype}")
+    tensors = wire.cast_floats(tensors, backend.compute_dtype)
     if kind == "forward":
         answer = backend.forward(client_id, step, tensors)
     elif kind == "backward":
@@ -269,19 +255,16 @@ def handle_request(
         answer = backend.backward(client_id, step, tensors["grad"])
     else:
         raise RejectedMessage(f"unknown message kind {kind!r} (expected {' or '.join(KINDS)})")
-    answer = _cast_floats(answer, precision)
+    answer = wire.cast_floats(answer, precision)
     if hook is not None:
         hook(TO_CLIENT, client_id, kind, wire.describe(answer))
     return wire.encode(answer)
 
 
-def _wire_precision(tensors: Mapping[str, Tensor]) -> torch.dtype:
-    """The one floating-point dtype a message's tensors travel in (the answer goes back in it too)."""
-    floats = {t.dtype for t in tensors.values() if t.is_floating_point()}
+def message_precision(tensors: Mapping[str, Tensor]) -> torch.dtype:
+    """The one floating-point dtype a message's tensors travel in (float32 if it has none); the answer goes
+    back in it too. A message mixing several is refused."""
+    floats = wire.float_dtypes(tensors)
     if len(floats) > 1:
         raise RejectedMessage(f"a message mixes floating-point dtypes {sorted(map(str, floats))}; send one")
     return floats.pop() if floats else torch.float32
-
-
-def _cast_floats(tensors: Mapping[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
-    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}

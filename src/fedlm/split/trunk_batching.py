@@ -1,7 +1,7 @@
 """FL-GLM's client-batch trunk: the round's clients send one batch each, the trunk runs them as one batch
 and steps once, and each client gets back its own slice of the output and of the input gradient.
 
-It has the same ``forward``/``backward`` methods as :class:`~fedlm.split.transport.TrunkBackend`, so both
+It has the same ``forward``/``backward`` methods as :class:`~fedlm.split.trunk.TrunkBackend`, so both
 transports carry it unchanged. A call blocks until every member of the round has sent its message (each
 client is one gRPC session thread, or one thread of the simulator's driver); the last arrival runs the
 trunk. Members come from the coordinator (:meth:`expect`); a client that finishes early or disconnects
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlm.models.cut import Activations
-from fedlm.split.trunk import RejectedMessage, TrunkBackend, _check_grad, _check_step
+from fedlm.split.trunk import RejectedMessage, TrunkBackend, check_grad, check_step
 
 __all__ = ["BatchingTrunkBackend", "concat_activations"]
 
@@ -52,9 +52,10 @@ class BatchingTrunkBackend(TrunkBackend):
         optimizer: torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer],
         *,
         max_grad_norm: float | None = None,
+        wire_dtype: torch.dtype | None = None,
         timeout_s: float = 600.0,
     ) -> None:
-        super().__init__(trunk, hidden_size, optimizer, max_grad_norm=max_grad_norm)
+        super().__init__(trunk, hidden_size, optimizer, max_grad_norm=max_grad_norm, wire_dtype=wire_dtype)
         self.timeout_s = timeout_s
         self._members: set[str] = set()
         self._forwards: dict[str, tuple[int, Activations]] = {}
@@ -62,7 +63,6 @@ class BatchingTrunkBackend(TrunkBackend):
         self._forward_answers: dict[str, Tensor] = {}
         self._backward_answers: dict[str, Tensor] = {}
         self._cond = threading.Condition()
-        self.steps_taken = 0
 
     def expect(self, client_ids: list[str]) -> None:
         """The clients whose batches make up each trunk step from now on (the round's sampled clients)."""
@@ -74,7 +74,7 @@ class BatchingTrunkBackend(TrunkBackend):
     def forward(self, client_id: str, step: int, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         acts = self._check_activations(tensors)
         with self._cond:
-            _check_step(step)
+            check_step(step)
             if client_id not in self._members:
                 raise RejectedMessage(f"client {client_id} is not in this round's client batch")
             if client_id in self._forwards:
@@ -92,11 +92,11 @@ class BatchingTrunkBackend(TrunkBackend):
     def backward(self, client_id: str, step: int, grad: Tensor) -> dict[str, Tensor]:
         with self._cond:
             group = self._group
-            if group is None or group.steps.get(client_id) != _check_step(step):
+            if group is None or group.steps.get(client_id) != check_step(step):
                 raise RejectedMessage(f"no forward of client {client_id} step {step} awaits backward")
             if client_id in group.grads:
                 raise RejectedMessage(f"client {client_id} already sent the backward of step {step}")
-            _check_grad(grad, step, (*group.shapes[client_id], self.hidden_size), group.output.dtype)
+            check_grad(grad, step, (*group.shapes[client_id], self.hidden_size), group.output.dtype)
             group.grads[client_id] = grad
             self._fire_backward()
             if not self._cond.wait_for(lambda: client_id in self._backward_answers, self.timeout_s):
@@ -156,7 +156,6 @@ class BatchingTrunkBackend(TrunkBackend):
             if p.grad is not None:
                 p.grad.div_(contributors)
         self._step()
-        self.steps_taken += 1
         start = 0
         for cid in group.order:
             batch, seq = group.shapes[cid]

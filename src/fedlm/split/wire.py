@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-__all__ = ["DTYPES", "WireError", "decode", "describe", "encode", "header_length"]
+__all__ = ["DTYPES", "WireError", "cast_floats", "decode", "describe", "encode", "float_dtypes", "header_length"]
 
 if sys.byteorder != "little":  # raw buffers are written in native order, which the format fixes as little-endian
     raise ImportError("fedlm.split.wire needs a little-endian host")
@@ -91,6 +91,17 @@ def header_length(payload: bytes) -> int:
 def describe(tensors: Mapping[str, Tensor]) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{name: (dtype, shape)}``: what a message carried, for logs and message hooks."""
     return {name: (_NAMES.get(t.dtype, str(t.dtype)), tuple(t.shape)) for name, t in tensors.items()}
+
+
+def float_dtypes(tensors: Mapping[str, Tensor]) -> set[torch.dtype]:
+    """The floating-point dtypes among a message's tensors (one, in a well-formed message; none if it has none)."""
+    return {t.dtype for t in tensors.values() if t.is_floating_point()}
+
+
+def cast_floats(tensors: Mapping[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    """``tensors`` with every floating-point tensor in ``dtype`` (integer and bool tensors as they are): how
+    activations and gradients change precision on their way onto and off the wire."""
+    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
 
 
 def _entries(payload: bytes) -> list[tuple[str, str, list[int]]]:

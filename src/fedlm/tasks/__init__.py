@@ -1,4 +1,5 @@
-"""Training tasks and their registry."""
+"""Training tasks (masked LM, causal LM, classification, regression) and their registry: each is a `Task`
+that tokenizes, collates, computes its loss (from the model or from hidden states) and evaluates."""
 
 from __future__ import annotations
 

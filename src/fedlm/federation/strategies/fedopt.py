@@ -1,4 +1,4 @@
-"""FedOpt: Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2."""
+"""FedOpt: FedAvg's average taken as a pseudo-gradient for a server optimizer chosen from a table."""
 
 from __future__ import annotations
 
@@ -46,13 +46,37 @@ SERVER_OPTIMIZERS: dict[str, ServerStep] = {
 class FedOpt(FedAvg):
     r"""Treat the averaged change as a pseudo-gradient and step a server optimizer on it.
 
-    .. math::  \Delta^t = \bar w^{t+1} - w^t, \qquad w^{t+1} = \mathrm{ServerOpt}(w^t, -\Delta^t)
+    Parameters
+    ----------
+    optimizer : str
+        A key of :data:`SERVER_OPTIMIZERS`: ``sgdm`` (heavy-ball SGD, FedNLP's default), ``adagrad``,
+        ``adam`` or ``yogi``.
+    lr : float
+        Server learning rate :math:`\eta`.
+    momentum : float
+        ``sgdm``'s momentum.
+    beta1, beta2 : float
+        First- and second-moment decay of the adaptive optimizers.
+    tau : float
+        Adaptivity constant :math:`\tau` (the denominator's floor).
 
-    with :math:`\bar w^{t+1}` FedAvg's average. ServerOpt is one of :data:`SERVER_OPTIMIZERS`: ``sgdm``
-    (heavy-ball SGD, FedNLP's default), or the paper's ``adagrad`` (:math:`v \mathrel{+}= \Delta^2`),
-    ``adam`` (:math:`v = \beta_2 v + (1-\beta_2)\Delta^2`) and ``yogi``
-    (:math:`v = v - (1-\beta_2)\Delta^2 \operatorname{sign}(v - \Delta^2)`), each with
-    :math:`m = \beta_1 m + (1-\beta_1)\Delta` and :math:`w = w + \eta\, m / (\sqrt v + \tau)`, no bias correction.
+    Notes
+    -----
+    With :math:`\bar w^{t+1}` FedAvg's average, :math:`\Delta^t = \bar w^{t+1} - w^t`. ``sgdm``:
+    :math:`m = \mu m - \Delta^t`, :math:`w^{t+1} = w^t - \eta m`. The adaptive ones:
+    :math:`m = \beta_1 m + (1-\beta_1)\Delta^t`, :math:`w^{t+1} = w^t + \eta\, m / (\sqrt v + \tau)`, no bias
+    correction, with
+
+    .. math::
+
+        v_{\text{adagrad}} = v + \Delta^2, \qquad
+        v_{\text{adam}} = \beta_2 v + (1-\beta_2)\Delta^2, \qquad
+        v_{\text{yogi}} = v - (1-\beta_2)\Delta^2 \operatorname{sign}(v - \Delta^2)
+
+    References
+    ----------
+    Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan. "Adaptive Federated Optimization."
+    ICLR 2021 (Algorithm 2).
     """
 
     name = "fedopt"

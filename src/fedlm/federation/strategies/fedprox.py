@@ -1,4 +1,4 @@
-"""FedProx: Li et al., "Federated Optimization in Heterogeneous Networks" (MLSys 2020)."""
+"""FedProx: FedAvg with a proximal term in every client's loss."""
 
 from __future__ import annotations
 
@@ -10,9 +10,24 @@ from fedlm.federation.strategies.fedavg import FedAvg
 class FedProx(FedAvg):
     r"""FedAvg whose clients minimise a proximal objective around the round's global parameters.
 
-    .. math::  \min_w \; F_k(w) + \frac{\mu}{2} \lVert w - w^t \rVert^2
+    Aggregation is FedAvg's; only the clients' loss changes, so the strategy is FedAvg plus one client
+    setting, sent to every sampled client through :meth:`client_config`.
 
-    Aggregation is FedAvg's; only the clients' loss changes, so the strategy is FedAvg plus one client setting.
+    Parameters
+    ----------
+    mu : float
+        Weight of the proximal term (``protocol.mu``); 0 is FedAvg.
+
+    Notes
+    -----
+    Client k, starting from the global :math:`w^t`, minimises
+
+    .. math::  F_k(w) + \frac{\mu}{2} \lVert w - w^t \rVert^2
+
+    References
+    ----------
+    Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith. "Federated Optimization in Heterogeneous Networks."
+    MLSys 2020.
     """
 
     name = "fedprox"

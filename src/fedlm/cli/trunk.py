@@ -1,0 +1,77 @@
+"""`fedlm trunk serve`: a split config's trunk as a long-lived gRPC service for split-learning clients.
+
+The cut, the activation precision and the trunk's gradient clipping come from the config (its ``split``
+section and ``train.max_grad_norm``), and the backend from the same factory the round engine uses
+(:func:`fedlm.split.modes.build_trunk_backend`), so a served trunk trains as the simulated one does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fedlm.errors import UserError
+
+
+def trunk_serve(args: argparse.Namespace) -> int:
+    """Check every file and option first (cheap), then build the model as its clients do and serve its trunk."""
+    from fedlm.split.grpc import load_tokens
+
+    tokens = load_tokens(args.tokens_file)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UserError("--tls-cert and --tls-key go together")
+    tls = (read_pem(args.tls_cert, "--tls-cert"), read_pem(args.tls_key, "--tls-key")) if args.tls_cert else None
+    if tls is None and not args.insecure:
+        raise UserError("trunk serve needs --tls-cert and --tls-key (or --insecure on a trusted network)")
+    client_ca = read_pem(args.client_ca, "--client-ca") if args.client_ca else None
+    if client_ca is not None and tls is None:
+        raise UserError("--client-ca needs --tls-cert and --tls-key")
+    if args.max_message_mb <= 0 or args.stream_timeout_s <= 0:
+        raise UserError("--max-message-mb and --stream-timeout-s must be > 0")
+
+    from fedlm.config import load_config
+    from fedlm.split.modes import TRUNK_MODES
+
+    config = load_config(args.config)
+    spec = config.split
+    if spec is None:
+        raise UserError(f"{args.config} has no split section: trunk serve takes the cut, activation_dtype and "
+                        "trunk_mode from it")
+    if not TRUNK_MODES[spec.trunk_mode].serves_alone:
+        raise UserError(f"trunk serve runs one trunk that clients step in turn (split.trunk_mode: sequential); "
+                        f"trunk_mode {spec.trunk_mode} needs the round engine (fedlm run, or Flower)")
+
+    from fedlm.data.sources import resolve_data_dir
+    from fedlm.federation.local_training import LocalSettings
+    from fedlm.run.prepare import prepare
+    from fedlm.split.grpc import serve_trunk
+    from fedlm.split.modes import build_trunk_backend
+    from fedlm.split.parts import split_model
+
+    model = prepare(config, resolve_data_dir(args.data_dir)).model.train()
+    split = split_model(model, spec)
+    settings = LocalSettings.from_config(config.train)
+    backend = build_trunk_backend(split, spec, settings)
+    server = serve_trunk(backend, args.address, tokens=tokens, tls=tls, client_ca_pem=client_ca,
+                         max_message_bytes=int(args.max_message_mb * 2**20), stream_timeout_s=args.stream_timeout_s)
+    clipping = "no clipping" if settings.max_grad_norm is None else f"gradient norm clipped at {settings.max_grad_norm}"
+    print(f"trunk of {config.name} ({len(split.trunk.blocks)} blocks after {spec.bottom_blocks} client blocks, "
+          f"activations in {spec.activation_dtype}, {clipping}) serving on port {server.port}; Ctrl-C stops")
+    try:
+        server.server.wait_for_termination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop(grace=5)
+    return 0
+
+
+def read_pem(path: str, option: str) -> bytes:
+    """A PEM file's bytes; one-line UserError if it cannot be read or is not PEM."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise UserError(f"{option} {path}: {err.strerror}") from None
+    if b"-----BEGIN " not in data:
+        raise UserError(f"{option} {path} is not a PEM file")
+    return data

@@ -1,0 +1,195 @@
+"""The whole config: its sections, reading and validating YAML with one-line errors, and dumping it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import (
+    BaseModel,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+from fedlm.config.partition import IidPartitionConfig, PartitionConfig, PartitionSection
+from fedlm.config.sections import (
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    ProtocolConfig,
+    Section,
+    SharingConfig,
+    SplitConfig,
+    TrainConfig,
+)
+from fedlm.errors import UserError
+
+
+class ExperimentConfig(Section):
+    name: str = "run"
+    tags: dict[str, str] = Field(default_factory=dict, description="labels; a named grid axis writes its own here")
+    seed: int = 0
+    output_dir: str = "runs"
+    task: Literal["auto", "mlm", "clm", "classification", "regression"] = "auto"
+    data: DataConfig
+    partition: PartitionConfig = Field(default_factory=IidPartitionConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
+    sharing: SharingConfig = Field(default_factory=SharingConfig)
+    split: SplitConfig | None = Field(None, description="set to train by federated split learning")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint_every: int = Field(1, ge=1)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    baselines: list[dict[str, Any]] = Field(
+        default_factory=list, description="extra runs beside the grid, each a mapping of dotted overrides")
+    downstream: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="after the run, fine-tune its saved model on each named task (dotted overrides of a fresh "
+                    "config inheriting seed, output_dir, model.family and model.max_length)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        if self.model.preset is None and self.model.checkpoint is None:
+            raise ValueError("model: set model.preset (tiny/small/base) or model.checkpoint")
+        if self.split is not None:
+            if self.protocol.kind != "fedavg":
+                raise ValueError(f"split learning averages with FedAvg; protocol.kind is {self.protocol.kind!r} "
+                                 "(set protocol.kind: fedavg, or remove the split section)")
+            if self.sharing != SharingConfig():
+                raise ValueError("split.client_parts decides what clients share; remove the sharing section")
+        return self
+
+
+def format_error(err: ValidationError, within: tuple[str, ...] = ()) -> str:
+    """One line for the first problem: the dotted key, the value given, and what is allowed (``within``: the
+    location of the validated part when it is not a whole config)."""
+    first = err.errors()[0]
+    loc = within + tuple(first["loc"])
+    key, _ = _locate(loc)
+    kind = first["type"]
+    if kind in ("extra_forbidden", "missing"):
+        _, parent = _locate(loc[:-1])
+        if kind == "missing":
+            return f"config error: missing required key '{key}'{_for_kind(parent)}"
+        allowed = sorted(parent.model_fields) if parent else []
+        return f"config error: unknown key '{key}'{_for_kind(parent)} (allowed here: {', '.join(allowed)})"
+    value = first.get("input")
+    if kind == "union_tag_invalid":
+        return (f"config error: {key}.kind = {first['ctx']['tag']!r}: unknown kind; "
+                f"choose one of {first['ctx']['expected_tags']}")
+    if kind == "union_tag_not_found":
+        return f"config error: {key} = {value!r}: should be a mapping with a kind and its parameters"
+    return f"config error: {key} = {value!r}: {first['msg'].removeprefix('Value error, ')}"
+
+
+def _locate(loc: tuple) -> tuple[str, type[BaseModel] | None]:
+    """The dotted key of an error location (list items as [i], without the tag pydantic adds after a union
+    field such as partition) and the section model found there, if any."""
+    key, model = "", ExperimentConfig
+    tagged: dict[str, type[BaseModel]] = {}
+    for part in loc:
+        if tagged:
+            model, tagged = tagged.get(str(part)), {}
+            continue
+        if isinstance(part, int):
+            key, model = f"{key}[{part}]", None
+            continue
+        key = f"{key}.{part}" if key else str(part)
+        field = model.model_fields.get(str(part)) if model else None
+        model, tagged = _sections_of(field.annotation) if field else (None, {})
+    return key or "config", model
+
+
+def _sections_of(annotation: Any) -> tuple[type[BaseModel] | None, dict[str, type[BaseModel]]]:
+    """The section model of a field (``X`` or ``X | None``), or the tag -> model map of a tagged union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, {}
+    members = get_args(annotation)
+    tags = {meta.tag: get_args(member)[0]
+            for member in members for meta in getattr(member, "__metadata__", ()) if isinstance(meta, Tag)}
+    models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+    return (models[0] if len(models) == 1 and not tags else None), tags
+
+
+def _for_kind(section: type[BaseModel] | None) -> str:
+    """' for kind X' when the section is one kind of partition, whose keys depend on the kind."""
+    if section is not None and issubclass(section, PartitionSection):
+        return f" for kind {section.model_fields['kind'].default}"
+    return ""
+
+
+_PARTITION = TypeAdapter(PartitionConfig)
+
+
+def parse_partition(section: Mapping[str, Any]) -> PartitionConfig:
+    """A partition section on its own (e.g. ``{"kind": "label_dirichlet", "alpha": 1.0}``), validated exactly as in
+    a config file."""
+    try:
+        return _PARTITION.validate_python(dict(section))
+    except ValidationError as err:
+        raise UserError(format_error(err, within=("partition",))) from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'protocol.rounds=5' -> (['protocol', 'rounds'], 5); the value is parsed as YAML."""
+    if "=" not in text:
+        raise UserError(f"override '{text}' is not key=value (example: protocol.rounds=5)")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise UserError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def set_dotted(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"override key '{'.'.join(path)}': '{part}' is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"config file {path}{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"config file {path} must hold a mapping of keys, not {type(raw).__name__}")
+    return raw
+
+
+def validate(raw: dict) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(format_error(err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    raw = read_yaml(Path(path))
+    for item in overrides:
+        keys, value = parse_override(item)
+        set_dotted(raw, keys, value)
+    return validate(raw)
+
+
+def dump_config(config: ExperimentConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

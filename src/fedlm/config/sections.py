@@ -1,0 +1,130 @@
+"""The typed sections of an experiment config (all but partition, which has a kind per partitioner)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    source: str = Field(description="named dataset (e.g. glue/sst2) or a local file/directory path")
+    columns: dict[str, str] | None = None
+    format: Literal["csv", "tsv", "jsonl", "json", "txt"] | None = None
+    test_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    max_train_examples: int | None = Field(None, ge=1)
+    max_test_examples: int | None = Field(None, ge=1)
+
+
+class ModelConfig(Section):
+    family: Literal["bert", "roberta", "distilbert", "gpt2", "llama"] = "bert"
+    preset: Literal["tiny", "small", "base"] | None = "tiny"
+    checkpoint: str | None = Field(None, description="'minilm', a local directory, or a hub name")
+    vocab_size: int = Field(8000, ge=100)
+    max_length: int = Field(128, ge=8, le=4096)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainConfig(Section):
+    """Local training on one client (or on the pooled data, for centralized)."""
+
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(5e-4, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    batch_size: int = Field(16, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    local_steps: int | None = Field(None, ge=1, description="if set, overrides local_epochs")
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    mask_rate: float = Field(0.15, gt=0.0, lt=1.0, description="masked LM: share of tokens a training step "
+                             "predicts (evaluation always masks 15%); 0.4 trains small models faster")
+
+
+class ProtocolConfig(Section):
+    kind: Literal["centralized", "isolated", "fedavg", "fedprox", "fedopt"] = "fedavg"
+    rounds: int = Field(10, ge=0, description="0 evaluates and saves the starting model (a baseline)")
+    clients_per_round: int | None = Field(None, ge=1, description="sampled clients; overrides fraction")
+    fraction: float = Field(1.0, gt=0.0, le=1.0)
+    mu: float = Field(0.01, ge=0.0, description="FedProx proximal weight")
+    server_optimizer: Literal["adam", "yogi", "adagrad", "sgdm"] = "sgdm"
+    server_lr: float = Field(1.0, gt=0.0)
+    server_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.99, ge=0.0, lt=1.0)
+    tau: float = Field(1e-3, gt=0.0)
+    min_clients: int = Field(1, ge=1, description="fewest reporting clients for a round to count")
+    max_retries: int = Field(2, ge=0, description="re-runs of a round that got too few reports")
+    client_timeout_s: float | None = Field(None, gt=0.0)
+    codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    codec_block_size: int | None = Field(
+        None, ge=1, description="int8: one absmax scale per block of this many values (null: one per tensor)")
+
+    @model_validator(mode="after")
+    def _block_size_needs_int8(self) -> ProtocolConfig:
+        if self.codec_block_size is not None and self.codec != "int8":
+            raise ValueError(f"codec_block_size is for codec int8 (codec is {self.codec}); remove it or use int8")
+        return self
+
+
+class FreezeWindowConfig(Section):
+    """FFDAPT: client k freezes min(epsilon, ceil(n_k/n * blocks) * gamma) consecutive blocks, rotating."""
+
+    epsilon: int = Field(ge=0, description="most blocks a client freezes")
+    gamma: float = Field(1.0, ge=0.0, description="scales the size-proportional window")
+
+
+class SharingConfig(Section):
+    """Which parameters are global (sent, aggregated), local (kept by each client) or frozen (not trained).
+
+    Selectors: embeddings, head, 'block N', 'blocks A-B' (from 1), or 're:PATTERN' on parameter names.
+    """
+
+    critical_layer: int | None = Field(
+        None, ge=0, description="FedSplitBERT c: embeddings + blocks 1..c global, the rest local (null: all global)")
+    local: list[str] = Field(default_factory=list, description="selectors kept on each client")
+    frozen: list[str] = Field(default_factory=list, description="selectors nobody trains or sends")
+    freeze_window: FreezeWindowConfig | None = None
+    local_store: Literal["auto", "memory", "disk"] = Field(
+        "auto", description="where clients' local parameters live between rounds (auto: disk past 2 GB)")
+
+
+class SplitConfig(Section):
+    """Federated split learning: clients keep the embeddings + ``bottom_blocks`` blocks and the last
+    ``top_blocks`` blocks + head; a server trains the trunk in between (FedBERT: 0/0, FL-GLM: 1/1)."""
+
+    bottom_blocks: int = Field(0, ge=0, description="blocks kept with the embeddings on the client")
+    top_blocks: int = Field(0, ge=0, description="blocks kept with the head on the client")
+    trunk_mode: Literal["sequential", "parallel", "client_batch"] = Field(
+        "sequential", description="one trunk stepped by each client in turn | a trunk copy per client, averaged "
+                                  "each round | every client's batch in one trunk step")
+    client_parts: Literal["share", "average_bottom", "average", "local"] = Field(
+        "average", description="client parts passed client to client (Head-Emd Share) | bottom averaged, top kept "
+                               "(EmdAvg) | both averaged (Head-Emd Avg) | never shared")
+    transport: Literal["inprocess", "grpc"] = Field(
+        "inprocess", description="grpc: a loopback TLS trunk server, every message over the network stack")
+    activation_dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="precision of the activations and gradients crossing the boundary (16 bits halve "
+                               "its bytes; bfloat16 keeps float32's range, float16 three more bits of mantissa)")
+    optimizer_state: Literal["reset", "carry"] = Field(
+        "reset", description="reset: a fresh optimizer at every client turn, as FedAvg clients | carry: the trunk "
+                             "keeps one optimizer across turns and rounds and, with client_parts: share, the "
+                             "client parts travel with their optimizer state (one continuous training run, the "
+                             "'logically centralized' Head-Emd Share); needs one trunk, not trunk_mode: parallel")
+
+
+class EvalConfig(Section):
+    every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last)")
+    local: bool = True
+    batch_size: int = Field(64, ge=1)
+    target: float | None = Field(None, description="report the bytes needed to first reach this headline score")
+    headline: Literal["test", "local"] = Field(
+        "test", description="score runs by the shared test split, or by the clients' means on their local splits")

@@ -1,0 +1,17 @@
+"""Named datasets from the shared data directory, and local files, as Hugging Face datasets.
+
+Everything is parsed in Python and built with ``Dataset.from_dict`` (in memory), so loading takes
+seconds, never touches the HF cache and works from a read-only data directory.  Splits that the raw
+data does not provide are made deterministically by hashing ``(seed, row index)``, which is stable
+across numpy/datasets versions and platforms; ``split_note`` records every such choice.
+
+Returned columns: ``text``, optional ``text_pair``, ``label`` (``ClassLabel`` ints for
+classification, float32 for regression, absent for LM corpora) and, for wikitext-2 only, ``group``
+(article number + title).
+"""
+
+from fedlm.data.sources.catalog import available_sources
+from fedlm.data.sources.data_dir import resolve_data_dir
+from fedlm.data.sources.loader import LoadedData, load_source
+
+__all__ = ["LoadedData", "available_sources", "load_source", "resolve_data_dir"]

@@ -1,0 +1,178 @@
+"""Where a split round's clients run: in this process (:class:`LocalClients`, the simulator) or on their own
+machines (:class:`RemoteSide`, Flower nodes reaching this process's trunk over gRPC).
+
+Either answers a client turn with a :class:`~fedlm.federation.engine.ClientReport` whose params are the
+client parts it uploaded, with the boundary's byte counts filled in; what the report then carries into the
+average is the executor's business (the client-part policy and the trunk mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import torch
+
+from fedlm.federation.client_round import client_failure, finite_update
+from fedlm.federation.codecs import Codec
+from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.params import load_into, snapshot
+from fedlm.federation.store import ClientStore
+from fedlm.federation.strategies import ClientUpdate
+from fedlm.models.cut import SplitModel
+from fedlm.split.client import BOUNDARY_DOWN, BOUNDARY_UP, Steps, client_steps, drive, drive_lockstep
+from fedlm.split.grpc import LoopbackGrpc
+from fedlm.split.optimizer_state import OptimizerState
+from fedlm.split.parts import ClientParts, SplitParts, client_copy
+from fedlm.split.transport import InProcessConnections, Transport
+from fedlm.split.trunk import MessageHook, TrunkBackend
+from fedlm.tasks import Task
+
+Result = ClientReport | ClientFailure
+
+
+class Connections(Protocol):
+    """Opens one client's session with the trunk (``split.transport``); ``close`` releases what it holds."""
+
+    def __call__(self, client_id: str) -> Transport: ...
+
+    def close(self) -> None: ...
+
+
+CONNECTIONS: dict[str, Callable[[TrunkBackend, list[str], MessageHook | None, torch.dtype], Connections]] = {
+    "inprocess": InProcessConnections,  # through the same serialisation and checks as the network
+    "grpc": LoopbackGrpc,  # a loopback TLS server: every message crosses the real gRPC stack
+}
+
+
+class RemoteClients(Protocol):
+    """Clients on other machines (Flower nodes): ``run`` sends each job to its client, which trains its parts
+    against this process's trunk over gRPC and answers with its shared parts and boundary byte counts."""
+
+    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]: ...
+
+    def close(self) -> None: ...
+
+
+class Clients(Protocol):
+    """Runs client turns against the trunk: one client alone, or several in lockstep."""
+
+    def turn(self, job: ClientJob) -> Result: ...
+
+    def together(self, jobs: list[ClientJob]) -> list[Result]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalClients:
+    """The round's clients in this process, each a model copy holding no trunk weights, talking to the trunk
+    through a transport (``connect``). A client starts from the parts it was sent (or those handed on), plus
+    what it keeps in ``store``; it keeps its local parts there again after its turn."""
+
+    def __init__(self, server: SplitModel, parts: SplitParts, policy: ClientParts, optimizer_state: OptimizerState,
+                 task: Task, client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore,
+                 connect: Connections) -> None:
+        self.server = server
+        self.parts = parts
+        self.policy = policy
+        self.optimizer_state = optimizer_state
+        self.task = task
+        self.client_rows = client_rows
+        self.codec = codec
+        self.store = store
+        self.connect = connect
+        self.models: list[SplitModel] = []  # client copies, made once and reused by every turn
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fedlm-split")
+
+    def turn(self, job: ClientJob) -> Result:
+        client = self._model(0)
+        self._prepare(client, job)
+        transport = self.connect(str(job.client_id))
+        try:
+            metrics = drive(self._steps(client, job), transport)
+            return self._report(job, client, metrics, transport)
+        except Exception as exc:
+            return client_failure(job.client_id, exc)
+        finally:
+            transport.close()
+
+    def together(self, jobs: list[ClientJob]) -> list[Result]:
+        clients = {job.client_id: self._model(i) for i, job in enumerate(jobs)}
+        for job in jobs:
+            self._prepare(clients[job.client_id], job)
+        transports = {job.client_id: self.connect(str(job.client_id)) for job in jobs}
+        steps = {job.client_id: self._steps(clients[job.client_id], job) for job in jobs}
+        outcomes = drive_lockstep(steps, transports, self._pool)
+        results: list[Result] = []
+        for job in jobs:
+            outcome = outcomes[job.client_id]
+            try:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                results.append(self._report(job, clients[job.client_id], outcome, transports[job.client_id]))
+            except Exception as exc:
+                results.append(client_failure(job.client_id, exc))
+        return results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self.connect.close()
+
+    def _model(self, index: int) -> SplitModel:
+        while len(self.models) <= index:
+            self.models.append(client_copy(self.server))
+        return self.models[index]
+
+    def _prepare(self, client: SplitModel, job: ClientJob) -> None:
+        relayed = self.policy.relayed()  # share: the previous client's parts (passed through the server)
+        load_into(client.model, self.codec.decode(job.params) if relayed is None else relayed)
+        load_into(client.model, self.store.get(job.client_id))
+
+    def _steps(self, client: SplitModel, job: ClientJob) -> Steps:
+        optimizer = self.optimizer_state.client_optimizer(client, job)
+        return client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed,
+                            job.deadline(), optimizer)
+
+    def _report(self, job: ClientJob, client: SplitModel, metrics: dict[str, float],
+                transport: Transport) -> ClientReport:
+        """Encode the client's shared parts for upload (with any optimizer state it hands on); keep its local
+        parts."""
+        shared = finite_update(client.model, self.parts.shared, metrics)
+        encoded = self.codec.encode(shared)
+        state_received, state_sent = self.optimizer_state.client_done(job.client_id, client)
+        self.store.put(job.client_id, snapshot(client.model, self.parts.local))
+        update = ClientUpdate(job.client_id, len(self.client_rows[job.client_id]), self.codec.decode(encoded), metrics)
+        return ClientReport(update, encoded.total_bytes + state_sent, encoded.meta_bytes, transport.bytes_sent,
+                            transport.bytes_received, download_extra=state_received)
+
+
+class RemoteSide:
+    """The round's clients on their own machines: each is sent what it would load here (``share``: the parts
+    the previous client finished with), and its report's boundary counts move from its metrics to the report."""
+
+    def __init__(self, remote: RemoteClients, policy: ClientParts, codec: Codec) -> None:
+        self.remote = remote
+        self.policy = policy
+        self.codec = codec
+
+    def turn(self, job: ClientJob) -> Result:
+        return self.together([job])[0]
+
+    def together(self, jobs: list[ClientJob]) -> list[Result]:
+        relayed = self.policy.relayed()
+        if relayed is not None:
+            encoded = self.codec.encode(relayed)
+            jobs = [dataclasses.replace(job, params=encoded) for job in jobs]
+        return [_boundary_counted(r) if isinstance(r, ClientReport) else r for r in self.remote.run(jobs)]
+
+    def close(self) -> None:
+        self.remote.close()
+
+
+def _boundary_counted(report: ClientReport) -> ClientReport:
+    metrics = dict(report.update.metrics)
+    boundary_up, boundary_down = int(metrics.pop(BOUNDARY_UP, 0)), int(metrics.pop(BOUNDARY_DOWN, 0))
+    update = dataclasses.replace(report.update, params=dict(report.update.params), metrics=metrics)
+    return dataclasses.replace(report, update=update, boundary_up=boundary_up, boundary_down=boundary_down)
