@@ -254,7 +254,7 @@ def test_step_through_both_transports_equals_the_direct_step(model, batch, certs
                            "attention_mask": ("int64", tuple(batch["attention_mask"].shape))}
         assert sent_before == 0
         counts[name] = (transport.bytes_sent, transport.bytes_received)
-    # gRPC's envelope (documented in grpc_transport) is not counted: payload bytes match exactly
+    # gRPC's envelope (documented in fedlm.split.grpc) is not counted: payload bytes match exactly
     assert counts["grpc"] == counts["in-process"]
     hidden = torch.zeros(*batch["input_ids"].shape, HIDDEN)
     grad_bytes = hidden.numel() * 4 + wire.header_length(wire.encode({"grad": hidden}))
