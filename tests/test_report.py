@@ -41,3 +41,11 @@ def test_pivot_reports_bytes_and_rounds_to_reach_the_target():
 def test_learning_curve_png_is_written(tmp_path):
     (path,) = plot_run(RECORDS, "accuracy", tmp_path, "t")
     assert path.is_file() and path.stat().st_size > 1000
+
+
+def test_spread_is_the_clients_local_std_when_the_headline_is_one_global_model():
+    records = [dict(r, local_accuracy_mean=0.5, local_accuracy_std=0.125) for r in RECORDS]
+    assert summarize(records, "accuracy", "max")["spread (std over clients)"] == 0.125
+    personalized = [{"round": 1, "test_accuracy_mean": 0.6, "test_accuracy_std": 0.25, "local_accuracy_std": 0.1}]
+    assert summarize(personalized, "accuracy", "max")["spread (std over clients)"] == 0.25
+    assert summarize(RECORDS, "accuracy", "max")["spread (std over clients)"] is None

@@ -115,8 +115,8 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
     start = values[0] if rounds and rounds[0] == 0 else math.nan
     trained = (values[1:] if rounds and rounds[0] == 0 else values) or values  # rounds: 0 -> the start itself
     best = (max if direction == "max" else min)(trained) if trained else math.nan
-    std_key = f"{key.removesuffix('_mean')}_std" if key and key.endswith("_mean") else None
     last = records[-1] if records else {}
+    std_key = _spread_key(key, metric, last)
     reached = _first_reaching(records, key, direction, goal) if key and goal is not None else {}
     return {
         "rounds": int(last.get("round", 0)),
@@ -130,6 +130,15 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
         "train s/round": _mean([r["train_s"] for r in records if r.get("round", 0) > 0 and "train_s" in r]),
         **reached,
     }
+
+
+def _spread_key(key: str | None, metric: str, last: dict[str, Any]) -> str | None:
+    """Where the spread over clients is: the headline's own std when it is a mean over clients, else the
+    clients' std on their local test splits (a global model scored on each client's own data)."""
+    if key and key.endswith("_mean"):
+        return f"{key.removesuffix('_mean')}_std"
+    local = f"local_{metric}_std"
+    return local if local in last else None
 
 
 def _mean(values: list[float]) -> float:
