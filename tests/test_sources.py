@@ -280,3 +280,194 @@ def test_loaded_data_is_frozen(tmp_path: Path) -> None:
     assert isinstance(loaded, LoadedData)
     with pytest.raises(AttributeError):
         loaded.kind = "x"  # type: ignore[misc]
+
+
+def test_short_rows_are_named_though_the_builder_pads_them(tmp_path: Path) -> None:
+    short = _write(tmp_path / "s.csv", "text,label,id\na,1,x\nb,0\nc,1,z\n")
+    assert f"{short} line 3: expected 3 fields, found 2" in _error(str(short), tmp_path)
+    short_tsv = _write(tmp_path / "s.tsv", "text\tlabel\tid\na\t1\tx\nb\t0\n")
+    assert f"{short_tsv} line 3: expected 3 fields, found 2" in _error(str(short_tsv), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- builders
+
+BUILDER_FILES = {
+    "q.csv": ('\ufefftext , label\r\n"multi\nline, quoted",007\r\n  ,  \r\nNA,null\r\n"x""q",1e3\r\n', "csv"),
+    "glue.tsv": ('sentence\tlabel\nit \'s "quoted\t1\r\n\t\nplain " text\t0\n', "tsv"),
+    "r.jsonl": ('{"text": "a\\u00e9", "label": 1, "ok": true}\n\n{"text": "b", "label": 20, "ok": false}\n', "jsonl"),
+    "r.json": ('[{"text": "a", "label": "x"}, {"text": "b", "label": "y"}]', "json"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDER_FILES))
+def test_builders_read_what_the_hand_readers_read(name: str, tmp_path: Path) -> None:
+    from fedlm.data.sources import builders
+
+    text, fmt = BUILDER_FILES[name]
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8", newline="")
+    by_builder = builders._builder_tabulate(path, fmt)  # the builder path is taken, not the fallback
+    by_hand = builders._hand_tabulate(path, fmt)
+    for header in (True, False) if fmt in ("csv", "tsv") else (True,):
+        (columns, records), (hand_columns, hand_records) = by_builder(header), by_hand(header)
+        assert columns == hand_columns
+        assert [fields for _, fields in records] == [fields for _, fields in hand_records]
+
+
+def test_text_through_the_builder(tmp_path: Path) -> None:
+    from fedlm.data.sources import builders, readers
+
+    path = _write(tmp_path / "t.txt", "\ufeffone \n\n  \ntwo\x0cthree\u2028four\r\nfive\n")
+    assert builders.read_lines(path) == readers.read_plain_text(path) == ["one", "two\x0cthree\u2028four", "five"]
+
+
+def test_local_loads_stay_offline_and_leave_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import tempfile
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a local file was read over the network")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    data = tmp_path / "data"
+    data.mkdir()
+    _write(data / "train.csv", "text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(10)))
+    _write(data / "test.jsonl", "".join(json.dumps({"text": f"u{i}", "label": i % 2}) + "\n" for i in range(4)))
+    loaded = load_source(str(data), tmp_path)
+    assert {s: d.num_rows for s, d in loaded.splits.items()} == {"train": 10, "test": 4}
+    assert list(scratch.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- hf:
+
+
+def _hf_folder(root: Path) -> Path:
+    folder = root / "mydata"
+    folder.mkdir()
+    _write(folder / "train.csv", "review,stars\n" + "".join(f"good {i},{'ab'[i % 2]}\n" for i in range(12)))
+    _write(folder / "test.csv", "review,stars\nfine,b\nbad,a\nok,c\n")
+    return folder
+
+
+def test_hf_local_folder_maps_like_a_local_directory(tmp_path: Path) -> None:
+    folder = _hf_folder(tmp_path)
+    columns = {"text": "review", "label": "stars"}
+    hub = load_source(f"hf:{folder}", tmp_path, columns=columns)
+    local = load_source(str(folder), tmp_path, columns=columns)
+    assert (hub.kind, hub.label_names) == (local.kind, local.label_names) == ("classification", ["a", "b", "c"])
+    for split in ("train", "test"):
+        assert hub.splits[split].to_dict() == local.splits[split].to_dict()
+        assert hub.splits[split].features == local.splits[split].features
+    assert "test = split 'test'" in hub.split_note
+    assert hub.fingerprint == load_source(f"hf:{folder}", tmp_path, columns=columns).fingerprint
+    assert hub.fingerprint != load_source(f"hf:{folder}", tmp_path, columns=columns, seed=1).fingerprint
+    _write(folder / "test.csv", "review,stars\nfine,b\nbad,a\n")
+    assert load_source(f"hf:{folder}", tmp_path, columns=columns).fingerprint != hub.fingerprint
+    assert "no text column" in _error(f"hf:{folder}", tmp_path)
+    assert "file_format" in _error(f"hf:{folder}", tmp_path, file_format="csv")
+
+
+def _glue_like(root: Path) -> Path:
+    import datasets
+
+    features = datasets.Features(
+        {
+            "sentence1": datasets.Value("string"),
+            "sentence2": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["not_equivalent", "equivalent"]),
+        }
+    )
+
+    def split(n: int, label: int | None) -> datasets.Dataset:
+        rows = {"sentence1": [f"a {i}" for i in range(n)], "sentence2": [f"b {i}" for i in range(n)]}
+        return datasets.Dataset.from_dict({**rows, "label": [i % 2 if label is None else label for i in range(n)]},
+                                          features=features)
+
+    splits = datasets.DatasetDict({"train": split(30, None), "validation": split(6, None), "test": split(5, -1)})
+    splits.save_to_disk(str(root / "glue_like"))
+    return root / "glue_like"
+
+
+def test_hf_validation_is_the_test_split_when_test_has_no_labels(tmp_path: Path) -> None:
+    folder = _glue_like(tmp_path)
+    loaded = load_source(f"hf:{folder}", tmp_path, columns={"text": "sentence1", "text_pair": "sentence2"},
+                         max_train_examples=10)
+    assert loaded.kind == "classification" and loaded.label_names == ["not_equivalent", "equivalent"]
+    assert {s: d.num_rows for s, d in loaded.splits.items()} == {"train": 10, "test": 6}
+    assert loaded.splits["test"][1] == {"text": "a 1", "text_pair": "b 1", "label": 1}
+    assert "test = split 'validation' (the test split has no labels)" in loaded.split_note
+    assert "train subsampled to 10" in loaded.split_note
+
+
+def test_hf_only_a_train_split_is_split_like_a_local_file(tmp_path: Path) -> None:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    _write(folder / "train.txt", "".join(f"line {i}\n" for i in range(20)) + "\n\n")
+    loaded = load_source(f"hf:{folder}", tmp_path, test_fraction=0.25, seed=3)
+    local = load_source(str(folder / "train.txt"), tmp_path, test_fraction=0.25, seed=3)
+    assert loaded.kind == "lm" and loaded.label_names is None
+    assert loaded.splits["test"]["text"] == local.splits["test"]["text"]
+    assert loaded.splits["train"]["text"] == local.splits["train"]["text"]
+    assert "blank rows dropped" in loaded.split_note and "25% of split 'train', seed 3" in loaded.split_note
+
+
+def test_hf_failures_are_one_line_naming_the_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+
+    from fedlm.data.sources import hub
+
+    def fail(error: Exception):
+        def load_dataset(*args: object, **kwargs: object) -> None:
+            raise error
+
+        return load_dataset
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets, "load_dataset", fail(ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub")))
+    message = _error("hf:nyu-mll/glue:sst2", tmp_path)
+    assert "nyu-mll/glue" in message and "HF_HUB_OFFLINE" in message and "local" in message
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "hub_unreachable", lambda: "huggingface.co: Name or service not known")
+    message = _error("hf:nyu-mll/glue:sst2", tmp_path)  # fails fast, before load_dataset's retries
+    assert "cannot reach" in message and "HF_HUB_OFFLINE=1" in message and "local" in message
+
+    monkeypatch.setattr(hub, "hub_unreachable", lambda: None)
+    monkeypatch.setattr(datasets, "load_dataset", fail(DatasetNotFoundError("Dataset 'nobody/nothing' doesn't exist")))
+    assert "no dataset 'nobody/nothing'" in _error("hf:nobody/nothing", tmp_path)
+    monkeypatch.setattr(datasets, "load_dataset", fail(ValueError("BuilderConfig 'x' not found.\nAvailable: [...]")))
+    assert "BuilderConfig 'x' not found" in _error("hf:nyu-mll/glue:x", tmp_path)
+    assert "names no dataset" in _error("hf:", tmp_path)
+    assert "no folder" in _error(f"hf:{tmp_path / 'missing'}", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- data directory
+
+
+def test_missing_data_dir_says_where_it_looked_and_the_hub_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedlm.data.sources import data_dir as data_dir_module
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("FEDLM_DATA_DIR", str(empty))
+    message = _error("glue/mrpc", resolve_data_dir())
+    assert str(empty / "glue" / "MRPC" / "dev.tsv") in message and "FEDLM_DATA_DIR" in message
+    assert "hf:nyu-mll/glue:mrpc" in message and "sentence1" in message
+    assert "no equivalent on the Hugging Face hub" in _error("pubmed-abstracts", resolve_data_dir())
+
+    monkeypatch.delenv("FEDLM_DATA_DIR")
+    monkeypatch.chdir(empty)
+    monkeypatch.setattr(data_dir_module, "_search_roots", lambda: iter(()))
+    default = resolve_data_dir()  # no data directory anywhere: not an error until a named dataset needs it
+    assert default == (tmp_path / "shared" / "data").resolve()
+    message = _error("wikitext-2", default)
+    assert str(default) in message and "../shared/data" in message and "does not exist" in message
+    assert "--data-dir" in message and "hf:Salesforce/wikitext:wikitext-2-v1" in message
+    assert load_source(str(_write(empty / "c.txt", "a\nb\n")), default).kind == "lm"

@@ -6,7 +6,10 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
+
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from fedlm.errors import UserError
 
@@ -14,7 +17,8 @@ from fedlm.errors import UserError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedlm", description="Federated and split learning for language models.")
     parser.add_argument("--data-dir", help="dataset directory (default: $FEDLM_DATA_DIR, else ../shared/data)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show everything: debug logging, library logs, warnings and progress bars")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run an experiment (or every combination of its grid)")
@@ -54,18 +58,43 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("fedlm").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    configure_output(args.verbose)
     os.environ.setdefault("HF_HUB_OFFLINE", "0")
     try:
-        return _dispatch(args)
+        with logging_redirect_tqdm():  # log lines above the progress bars, not through them
+            return _dispatch(args)
     except UserError as err:
         print(f"fedlm: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("fedlm: interrupted; resume with `fedlm run --resume RUN_DIR`", file=sys.stderr)
         return 130
+
+
+def configure_output(verbose: bool) -> None:
+    """What reaches the terminal besides fedlm's own lines, decided here once. By default the libraries' logs
+    below errors, their load reports and progress bars, and warnings raised outside fedlm are held back: a
+    fedlm user cannot act on them, and fedlm says what matters in its own line (e.g. which new head a checkpoint
+    load initialised). ``verbose`` (-v) shows all of it, with fedlm and the libraries logging at DEBUG / INFO."""
+    import datasets
+    import huggingface_hub.utils as hub
+    import transformers.utils.logging as hf_logging
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fedlm").setLevel(logging.DEBUG if verbose else logging.INFO)
+    if verbose:
+        warnings.simplefilter("default")
+        hf_logging.set_verbosity_info()
+        datasets.logging.set_verbosity_info()
+        for enable in (hf_logging.enable_progress_bar, hub.enable_progress_bars, datasets.enable_progress_bars):
+            enable()
+        return
+    warnings.simplefilter("ignore")
+    warnings.filterwarnings("default", module="fedlm")
+    hf_logging.set_verbosity_error()
+    datasets.logging.set_verbosity_error()
+    for disable in (hf_logging.disable_progress_bar, hub.disable_progress_bars, datasets.disable_progress_bars):
+        disable()
 
 
 def _dispatch(args: argparse.Namespace) -> int:

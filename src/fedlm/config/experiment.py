@@ -45,6 +45,9 @@ class ExperimentConfig(Section):
     split: SplitConfig | None = Field(None, description="set to train by federated split learning")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint_every: int = Field(1, ge=1)
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="experiment trackers that also get every round's metrics: tensorboard "
+                                          "(<run dir>/tensorboard, pip install 'fedlm[tracking]') or wandb")
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     baselines: list[dict[str, Any]] = Field(
         default_factory=list, description="extra runs beside the grid, each a mapping of dotted overrides")

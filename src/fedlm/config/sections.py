@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -47,6 +49,18 @@ class TrainConfig(Section):
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     mask_rate: float = Field(0.15, gt=0.0, lt=1.0, description="masked LM: share of tokens a training step "
                              "predicts (evaluation always masks 15%); 0.4 trains small models faster")
+    device: str = Field("auto", description="auto (CUDA if present, else MPS, else CPU) | cpu | cuda | cuda:N | mps: "
+                                            "where the model, a split run's trunk and its client parts compute")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="autocast for training and evaluation: fp32 (none) | bf16 | fp16 (with loss scaling; "
+                            "not for split runs); parameters, what is sent and the server's average stay fp32")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+            raise ValueError("should be auto, cpu, cuda, cuda:N (N a device index) or mps")
+        return value
 
 
 class ProtocolConfig(Section):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -59,8 +59,10 @@ def refuse_non_finite(update: NamedTensors) -> None:
 
 
 def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: ClientJob, codec: Codec,
-               local_state: NamedTensors | None, local_names: list[str]) -> tuple[ClientReport, NamedTensors]:
-    """Run one client's round; returns what it uploads and its new local state."""
+               local_state: NamedTensors | None, local_names: list[str], *,
+               on_step: Callable[[], None] | None = None) -> tuple[ClientReport, NamedTensors]:
+    """Run one client's round; returns what it uploads and its new local state. ``on_step`` is called after
+    each local step (progress)."""
     received = codec.decode(job.params)
     load_into(model, received)
     if local_state:
@@ -70,7 +72,8 @@ def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: Cl
     trained = [n for n in received if n not in skip]
     anchor = {n: received[n] for n in trained} if job.settings.mu > 0 else None
     with frozen(model, job.frozen):
-        metrics = train_locally(model, task, rows, job.settings, seed=job.seed, anchor=anchor, deadline=deadline)
+        metrics = train_locally(model, task, rows, job.settings, seed=job.seed, anchor=anchor, deadline=deadline,
+                                on_step=on_step)
     shared = finite_update(model, trained, metrics)
     encoded = codec.encode(shared)
     update = ClientUpdate(job.client_id, len(rows), codec.decode(encoded), metrics)

@@ -16,6 +16,7 @@ import torch
 
 from fedlm.config import TrainConfig
 from fedlm.federation.params import NamedTensors
+from fedlm.models.device import autocast, grad_scaler, model_device
 from fedlm.tasks import Task
 
 
@@ -39,6 +40,7 @@ class LocalSettings:
     local_epochs: int = 1
     local_steps: int | None = None
     max_grad_norm: float | None = 1.0
+    precision: str = "fp32"  # train.precision; the device is the model's own (see fedlm.run.prepare)
     mu: float = 0.0
 
     @classmethod
@@ -84,11 +86,19 @@ def check_deadline(deadline: float | None, steps: int) -> None:
 
 
 def clip_and_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.nn.Parameter],
-                  max_grad_norm: float | None) -> None:
-    """Clip the gradient norm of ``params`` (if asked) and apply the optimizer step."""
+                  max_grad_norm: float | None, scaler: torch.amp.GradScaler | None = None) -> None:
+    """Clip the gradient norm of ``params`` (if asked) and apply the optimizer step. With an fp16 loss
+    ``scaler`` the gradients are unscaled first, so clipping sees their true norm, and a step whose
+    gradients overflowed is skipped (the scaler then lowers its scale)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
 
 
 class LossTally:
@@ -116,16 +126,20 @@ def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], sett
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(trainable, settings)
-    use_prox = settings.mu > 0 and anchor is not None
+    device = model_device(model)
+    scaler = grad_scaler(device, settings.precision)
+    anchor = {n: a.to(device) for n, a in anchor.items()} if settings.mu > 0 and anchor is not None else None
+    use_prox = anchor is not None
     tally = LossTally()
     for batch_rows in batch_order(len(rows), settings, generator):
         check_deadline(deadline, tally.steps)
         batch = task.collate([rows[i] for i in batch_rows], generator)
-        loss, count = task.loss(model, batch)
+        with autocast(device, settings.precision):
+            loss, count = task.loss(model, batch)
         objective = loss + 0.5 * settings.mu * proximal_term(model, anchor) if use_prox else loss
         optimizer.zero_grad(set_to_none=True)
-        objective.backward()
-        clip_and_step(optimizer, trainable, settings.max_grad_norm)
+        (objective if scaler is None else scaler.scale(objective)).backward()
+        clip_and_step(optimizer, trainable, settings.max_grad_norm, scaler)
         tally.add(loss, count)
         if on_step is not None:
             on_step()

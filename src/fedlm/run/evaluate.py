@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,13 @@ class Evaluator:
     """Global model on the global test split; each evaluated client's model on its local test split.
 
     When clients keep local parameters (personalized runs), there is no single global model: each client's
-    own model (global part + its local part) is scored on the global test split too, as mean and std."""
+    own model (global part + its local part) is scored on the global test split too, as mean and std.
+    ``on_batch`` follows each scoring's batches (``Task.evaluate``), for a progress bar."""
 
-    def __init__(self, prep: Prepared, store: ClientStore, personalized: bool) -> None:
+    def __init__(self, prep: Prepared, store: ClientStore, personalized: bool,
+                 on_batch: Callable[[int, int], None] | None = None) -> None:
         self.prep = prep
+        self.on_batch = on_batch
         self.store = store
         self.personalized = personalized
         self.batch_size = prep.config.eval.batch_size
@@ -27,7 +31,7 @@ class Evaluator:
 
     def _score(self, rows: list[dict]) -> dict[str, float]:
         generator = torch.Generator().manual_seed(self.prep.config.seed)
-        return self.prep.task.evaluate(self.prep.model, rows, self.batch_size, generator)
+        return self.prep.task.evaluate(self.prep.model, rows, self.batch_size, generator, on_batch=self.on_batch)
 
     def _client_model(self, global_params: NamedTensors, client_id: int) -> None:
         load_into(self.prep.model, global_params)

@@ -15,6 +15,7 @@ from fedlm.data.partition import Partition, PartitionInput, build_partitioner, h
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
 from fedlm.models.build import build_model, build_tokenizer
+from fedlm.models.device import check_precision, resolve_device
 from fedlm.tasks import MaskedLMTask, Task, get_task
 
 DECODERS = ("gpt2", "llama")
@@ -89,6 +90,8 @@ def load_data(config: ExperimentConfig, data_dir: Path) -> LoadedData:
 
 
 def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = None) -> Prepared:
+    device = resolve_device(config.train.device)  # a missing device stops the run before any data is read
+    check_precision(device, config.train.precision)
     loaded = load_data(config, data_dir)
     task_name = resolve_task(config.task, loaded.kind, config.model.family)
     n_clients = num_clients_of(config)
@@ -108,7 +111,9 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     num_labels = len(loaded.label_names) if loaded.label_names else None
     model = build_model(config.model.family, config.model.preset, task_name, tokenizer, num_labels=num_labels,
                         checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed)
+    model.to(device)  # every copy (split clients, trunk) and every loaded tensor follows the model's device
     task = build_task(config, task_name)
+    task.precision = config.train.precision  # evaluation autocasts as training does
     max_len = config.model.max_length
     test_ds = task.preprocess(loaded.splits["test"], tokenizer, max_len)
     return Prepared(

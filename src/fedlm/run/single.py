@@ -1,12 +1,11 @@
 """One run, start to finish: prepare, pick the policy and executor, drive the round engine, save and summarise.
 
 ``run_single`` reads as the steps it takes; each step is a small function here or a module of its own
-(prepare, policy, evaluate, progress, downstream, recorder, report).
+(prepare, policy, evaluate, progress, tracking, downstream, recorder, report).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,14 +27,13 @@ from fedlm.run.downstream import run_downstream
 from fedlm.run.evaluate import Evaluator
 from fedlm.run.policy import describe_policy, encoder_is_global, run_policy
 from fedlm.run.prepare import Prepared, num_clients_of, prepare
-from fedlm.run.progress import RoundProgress
+from fedlm.run.progress import RoundProgress, announce
 from fedlm.run.recorder import RunRecorder
 from fedlm.run.report import markdown_table, plot_run, summarize
+from fedlm.run.tracking import Trackers, open_trackers
 from fedlm.split.executor import RemoteClients, SplitExecutor
 from fedlm.split.trunk import TrunkBackend
 from fedlm.tasks import Task
-
-log = logging.getLogger("fedlm")
 
 
 class ExecutorFactory(Protocol):
@@ -58,41 +56,41 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     if config.split is not None and executor_factory is not None and split_remote is None:
         raise UserError("this deployment runs FedAvg clients only; split learning needs the trunk served to the "
                         "clients (split_remote), as fedlm's Flower ServerApp does")
+    trackers = open_trackers(config, run_dir, resume)  # a missing tracker package stops the run here
     recorder = RunRecorder(run_dir)
     checkpoint = recorder.load_checkpoint() if resume else None
     if not resume:
         recorder.start_afresh(dump_config(config))
+    start = checkpoint["round"] + 1 if checkpoint is not None else 1
+    n_clients = num_clients_of(config)
+    plan = round_plan(config, n_clients)
+    announce(config.name, config.protocol.kind, plan, n_clients, start, run_dir)
     torch.manual_seed(config.seed)
     prep = prepare(config, data_dir, cache_dir=Path(config.output_dir) / ".cache")
     record_inputs(recorder, prep)
     policy = run_policy(prep)
     recorder.write_json("sharing.json", describe_policy(policy, prep.model))
-    n_clients = num_clients_of(config)
     initial = snapshot(prep.model, policy.global_names + policy.local_names)
     store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
                               recorder.client_store_path, run_dir / "client_states")
     global_params = {n: initial[n] for n in policy.global_names}
     strategy = build_strategy(config.protocol)
     codec = run_codec(config.protocol)
-    start = 1
     if checkpoint is not None:
         global_params = checkpoint["global"]
         strategy.load_state_dict(checkpoint["strategy"])
         store.restore()
-        start = checkpoint["round"] + 1
         recorder.truncate_after(checkpoint["round"])
-        log.info("resuming %s from round %d", run_dir, start)
     elif resume:
         recorder.truncate_after(0)
-    plan = round_plan(config, n_clients)
-    progress = RoundProgress(config.name, config.protocol.rounds, start, plan.clients_per_round,
-                             prep.task.target_metric()[0])
+    progress = RoundProgress(config.name, config.protocol.rounds, start, prep.task.target_metric()[0])
     settings = LocalSettings.from_config(config.train)
-    hooks = EngineHooks(evaluate=Evaluator(prep, store, policy.personalized), record=recorder.log_round,
+    evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.eval_batch)
+    hooks = EngineHooks(evaluate=progress.evaluating(evaluator), record=recording(recorder, trackers),
                         checkpoint=checkpointer(recorder, store, strategy), on_round=progress.round_done,
                         frozen_for=policy.frozen_for)
-    executor = build_executor(prep, policy, codec, store, settings, hooks, progress.client_done,
-                              executor_factory, split_remote)
+    executor = progress.watch(build_executor(prep, policy, codec, store, settings, hooks, progress,
+                                             executor_factory, split_remote), prep.client_train)
     engine = RoundEngine(strategy=strategy, executor=executor, codec=codec, client_ids=list(range(n_clients)),
                          settings=settings, plan=plan, hooks=hooks)
     try:
@@ -100,6 +98,7 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     finally:
         executor.close()
         progress.close()
+        trackers.close()
     save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients,
                      head_only=encoder_is_global(policy))
     return summarise(config, data_dir, recorder, prep.task, resume)
@@ -136,6 +135,16 @@ def round_plan(config: ExperimentConfig, n_clients: int) -> RoundPlan:
                      eval_every=config.eval.every, checkpoint_every=config.checkpoint_every)
 
 
+def recording(recorder: RunRecorder, trackers: Trackers) -> Callable[[dict[str, Any]], None]:
+    """The engine's record hook: each round's record into metrics.jsonl, then to the trackers (report_to)."""
+
+    def record(round_record: dict[str, Any]) -> None:
+        recorder.log_round(round_record)
+        trackers.log(round_record)
+
+    return record
+
+
 def checkpointer(recorder: RunRecorder, store: ClientStore, strategy: Strategy) -> Callable[[int, NamedTensors], None]:
     """The engine's checkpoint hook: the clients' local states, then the global state and the strategy's."""
 
@@ -147,14 +156,18 @@ def checkpointer(recorder: RunRecorder, store: ClientStore, strategy: Strategy) 
 
 
 def build_executor(prep: Prepared, policy: SharingPolicy, codec: Codec, store: ClientStore, settings: LocalSettings,
-                   hooks: EngineHooks, progress: Callable[[int], None], executor_factory: ExecutorFactory | None,
+                   hooks: EngineHooks, progress: RoundProgress, executor_factory: ExecutorFactory | None,
                    split_remote: RemoteFactory | None) -> Executor:
-    """Split learning's executor (wired into the engine's hooks), or the FedAvg family's."""
+    """Split learning's executor (wired into the engine's hooks), or the FedAvg family's. Clients in this
+    process report each step to ``progress``; others, each finished client."""
     if prep.config.split is None:
-        factory = executor_factory or InProcessExecutor
-        return factory(prep.model, prep.task, prep.client_train, codec, store, policy.local_names, progress=progress)
+        if executor_factory is not None:
+            return executor_factory(prep.model, prep.task, prep.client_train, codec, store, policy.local_names,
+                                    progress=progress.client_done)
+        return InProcessExecutor(prep.model, prep.task, prep.client_train, codec, store, policy.local_names,
+                                 progress=progress.client_done, on_step=progress.step)
     executor = SplitExecutor(prep.model, prep.config.split, prep.task, prep.client_train, codec, store, settings,
-                             progress=progress, remote=split_remote)
+                             hook=progress.boundary_message, progress=progress.client_done, remote=split_remote)
     hooks.downlink, hooks.begin_round = executor.downlink, executor.begin_round
     hooks.server_params = executor.server_params  # the trunk (and share's parts) enter the global model here
     return executor

@@ -8,6 +8,7 @@ or on its own machine against a remote trunk (``run_client_turn``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,9 +29,10 @@ from fedlm.federation.local_training import (
 from fedlm.federation.params import load_into
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.models.cut import Activations, SplitModel
+from fedlm.models.device import autocast, model_device
 from fedlm.split.transport import Transport
 from fedlm.tasks import Task
-from fedlm.tasks.base import model_inputs
+from fedlm.tasks.base import model_inputs, to_device
 
 BOUNDARY_UP, BOUNDARY_DOWN = "boundary_bytes_up", "boundary_bytes_down"  # a remote client's report metrics
 Request = tuple[str, int, Activations | Tensor]  # ("forward", step, Activations) or ("backward", step, gradient)
@@ -46,26 +48,38 @@ def client_steps(client: SplitModel, task: Task, rows: Sequence[dict], settings:
     computations), so driven against a trunk in this process it reproduces the unsplit step. Gradient
     clipping applies to the client's own parameters (the trunk clips its own). ``optimizer``, if given,
     holds the client's parameters and state carried from an earlier turn; otherwise a fresh one is made.
+    The bottom and top compute on the client model's device under ``settings.precision``'s autocast.
     """
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout
     client.model.train()
     params = [p for p in client.client_parameters() if p.requires_grad]
     optimizer = make_optimizer(params, settings) if optimizer is None else optimizer
+    device = model_device(client.model)
     tally = LossTally()
     for step, batch_rows in enumerate(batch_order(len(rows), settings, generator)):
         check_deadline(deadline, step)
-        batch = task.collate([rows[i] for i in batch_rows], generator)
-        sent = client.bottom(**model_inputs(batch))
+        batch = to_device(task.collate([rows[i] for i in batch_rows], generator), client.model)
+        with autocast(device, settings.precision):
+            sent = client.bottom(**model_inputs(batch))
         top_in: Activations = yield ("forward", step, sent)
-        loss, count = task.loss_from_hidden(client.model, client.top(top_in), batch)
+        with autocast(device, settings.precision):
+            loss, count = task.loss_from_hidden(client.model, client.top(top_input(top_in, device)), batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad: Tensor = yield ("backward", step, top_in.hidden.grad)
-        sent.hidden.backward(grad)
+        sent.hidden.backward(grad.to(device))
         clip_and_step(optimizer, params, settings.max_grad_norm)
         tally.add(loss, count)
     return tally.metrics(len(rows))
+
+
+def top_input(answer: Activations, device: torch.device) -> Activations:
+    """The trunk's answer as the top takes it: on the client's device (the wire delivers it on the CPU), and
+    a view rather than the received leaf itself, because autocast caches its 16-bit cast of a leaf that needs
+    grad and would then sum the gradients of its several uses in 16 bits, not 32 as the unsplit model does.
+    Both stay in the graph: the gradient to send back still collects in ``answer.hidden.grad``."""
+    return dataclasses.replace(answer, hidden=answer.hidden.to(device).view_as(answer.hidden))
 
 
 def run_client_turn(client: SplitModel, task: Task, rows: Sequence[dict], job: ClientJob, codec: Codec,

@@ -17,6 +17,7 @@ import abc
 from typing import ClassVar, Protocol
 
 from fedlm.config import SplitConfig
+from fedlm.errors import UserError
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings, make_optimizer
 from fedlm.federation.params import NamedTensors
@@ -133,7 +134,16 @@ TRUNK_MODES: dict[str, type[TrunkMode]] = {
 def build_trunk_backend(split: SplitModel, spec: SplitConfig, settings: LocalSettings) -> TrunkBackend:
     """The server's trunk as a config describes it: the trunk mode's backend over ``split``'s trunk, the
     training optimizer (a factory, so a turn can start it afresh), gradient clipping at
-    ``train.max_grad_norm``, and activations and gradients taken in ``split.activation_dtype`` only."""
+    ``train.max_grad_norm``, activations and gradients taken in ``split.activation_dtype`` only, and the
+    trunk computing under ``train.precision``'s autocast on the device its parameters are on.
+
+    fp16 is refused: its loss scale would have to cross the boundary with every gradient (a client's scaled
+    gradient overflowing is routine for a loss scaler, but a non-finite message is refused), so split runs
+    train in fp32 or bf16, which needs no scaling."""
+    if settings.precision == "fp16":
+        raise UserError("train.precision = 'fp16' is not for split learning (its loss scale would have to cross "
+                        "the client/trunk boundary); use bf16, which needs no loss scaling, or fp32")
     backend_class = TRUNK_MODES[spec.trunk_mode].backend
     return backend_class(split.trunk, split.model.config.hidden_size, lambda params: make_optimizer(params, settings),
-                         max_grad_norm=settings.max_grad_norm, wire_dtype=WIRE_DTYPES[spec.activation_dtype])
+                         max_grad_norm=settings.max_grad_norm, wire_dtype=WIRE_DTYPES[spec.activation_dtype],
+                         precision=settings.precision)

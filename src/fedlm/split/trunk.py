@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from fedlm.federation.local_training import clip_and_step
 from fedlm.models.cut import Activations
+from fedlm.models.device import autocast
 from fedlm.split import wire
 
 __all__ = [
@@ -85,6 +86,10 @@ class TrunkBackend:
     ``wire_dtype``, if given, is the one precision activations and gradients may arrive in (the config's
     ``split.activation_dtype``); a message in another is refused. Without it any of :data:`WIRE_DTYPES`
     is taken.
+
+    The trunk computes on its parameters' device, under ``precision``'s autocast (the config's
+    ``train.precision``, fp32 or bf16); what it receives and answers stays on the CPU in the parameters' dtype,
+    which the wire then carries in ``wire_dtype``.
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class TrunkBackend:
         max_pending_per_client: int = 4,
         max_grad_norm: float | None = None,
         wire_dtype: torch.dtype | None = None,
+        precision: str = "fp32",
     ) -> None:
         if wire_dtype is not None and wire_dtype not in WIRE_DTYPES.values():
             raise ValueError(f"wire_dtype {wire_dtype} is not one of {', '.join(WIRE_DTYPES)}")
@@ -109,6 +115,7 @@ class TrunkBackend:
         self.max_pending_per_client = max_pending_per_client
         self.max_grad_norm = max_grad_norm
         self.wire_dtype = wire_dtype
+        self.precision = precision
         self.compute_dtype, self._device = params[0].dtype, params[0].device
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._lock = threading.Lock()
@@ -123,6 +130,18 @@ class TrunkBackend:
         """Clip (if asked) and apply the trunk's accumulated gradient."""
         clip_and_step(self.optimizer, self.trunk.parameters(), self.max_grad_norm)
         self.optimizer.zero_grad()
+
+    def _run(self, received: Activations) -> Tensor:
+        """The trunk's output hidden states, attached to its graph, in the parameters' dtype whatever autocast
+        computed (so a client's gradient for them is checked against, and flows back in, that dtype).
+
+        Grad mode is per thread, and an in-process caller may be under no_grad: hence enable_grad. The input
+        enters as a view of the received leaf: autocast caches its 16-bit cast of a leaf that needs grad (meant
+        for weights), which would sum the gradients of the input's several uses in 16 bits, where the unsplit
+        model sums them in 32."""
+        with torch.enable_grad(), autocast(self._device, self.precision):
+            hidden = received.hidden.view_as(received.hidden)
+            return self.trunk(dataclasses.replace(received, hidden=hidden)).hidden.to(self.compute_dtype)
 
     def forward(self, client_id: str, step: int, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Run the trunk on a client's activations; keep the graph for :meth:`backward`."""
@@ -139,8 +158,7 @@ class TrunkBackend:
                 )
             received = Activations.from_dict({name: t.to(self._device) for name, t in acts.to_dict().items()})
             received = received.detached()
-            with torch.enable_grad():  # grad mode is per thread: an in-process caller may be under no_grad
-                output = self.trunk(received).hidden
+            output = self._run(received)
             self._pending[key] = _Pending(received.hidden, output)
             return {"hidden": output.detach().cpu()}
 

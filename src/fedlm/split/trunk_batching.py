@@ -53,9 +53,11 @@ class BatchingTrunkBackend(TrunkBackend):
         *,
         max_grad_norm: float | None = None,
         wire_dtype: torch.dtype | None = None,
+        precision: str = "fp32",
         timeout_s: float = 600.0,
     ) -> None:
-        super().__init__(trunk, hidden_size, optimizer, max_grad_norm=max_grad_norm, wire_dtype=wire_dtype)
+        super().__init__(trunk, hidden_size, optimizer, max_grad_norm=max_grad_norm, wire_dtype=wire_dtype,
+                         precision=precision)
         self.timeout_s = timeout_s
         self._members: set[str] = set()
         self._forwards: dict[str, tuple[int, Activations]] = {}
@@ -123,8 +125,7 @@ class BatchingTrunkBackend(TrunkBackend):
         acts = [self._forwards[cid][1] for cid in order]
         combined = concat_activations(acts)
         received = Activations.from_dict({k: t.to(self._device) for k, t in combined.to_dict().items()}).detached()
-        with torch.enable_grad():  # grad mode is per thread: an in-process caller may be under no_grad
-            output = self.trunk(received).hidden
+        output = self._run(received)
         shapes = {cid: tuple(a.hidden.shape[:2]) for cid, a in zip(order, acts, strict=True)}
         self._group = _Group(order, {cid: self._forwards[cid][0] for cid in order}, shapes, received.hidden, output)
         start = 0

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fedlm import metrics
+from fedlm.models.device import autocast, model_device
 
 Batch = dict[str, torch.Tensor]
 Rows = datasets.Dataset | Sequence[dict]  # preprocessed examples, as a Dataset or its ``to_list()``
@@ -30,6 +31,7 @@ class Task(ABC):
     name: ClassVar[str]
     metric_names: ClassVar[tuple[str, ...]]  # keys that ``evaluate`` returns
     text_column: ClassVar[str] = "text"
+    precision: str = "fp32"  # autocast for evaluation: the run's train.precision (set by fedlm.run.prepare)
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
         self.tokenizer: PreTrainedTokenizerBase | None = None
@@ -81,20 +83,26 @@ class Task(ABC):
         """Metrics over a whole dataset from its per-batch results."""
 
     def evaluate(
-        self, model: PreTrainedModel, dataset: Rows, batch_size: int, generator: torch.Generator
+        self, model: PreTrainedModel, dataset: Rows, batch_size: int, generator: torch.Generator,
+        on_batch: Callable[[int, int], None] | None = None,
     ) -> dict[str, float]:
         """Metrics over all of ``dataset`` (already preprocessed); restores the model's train/eval mode.
 
         An empty dataset (a client without test data) gives NaN for every metric rather than an error.
+        ``on_batch(done, batches)`` is called after each batch, for a progress bar over long evaluations.
         """
         if len(dataset) == 0:
             return dict.fromkeys(self.metric_names, math.nan)
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(model_device(model), self.precision):
                 batches = (self.eval_collate(rows, generator) for rows in iter_rows(dataset, batch_size))
-                parts = [self._eval_batch(model, batch) for batch in batches]
+                parts = []
+                for batch in batches:
+                    parts.append(self._eval_batch(model, batch))
+                    if on_batch is not None:
+                        on_batch(len(parts), math.ceil(len(dataset) / batch_size))
         finally:
             model.train(was_training)
         return self._summarize(parts)
@@ -207,5 +215,6 @@ def base_hidden(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
 
 
 def to_device(batch: Batch, model: PreTrainedModel) -> Batch:
-    device = model.device
+    """``batch`` on the device ``model`` computes on (collate builds batches on the CPU)."""
+    device = model_device(model)
     return {key: value.to(device) for key, value in batch.items()}

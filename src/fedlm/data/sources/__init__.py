@@ -1,9 +1,13 @@
-"""Named datasets from the shared data directory, and local files, as Hugging Face datasets.
+"""Named datasets from the shared data directory, ``hf:<dataset>[:<config>]`` sources and local files, as
+Hugging Face datasets.
 
-Everything is parsed in Python and built with ``Dataset.from_dict`` (in memory), so loading takes
-seconds, never touches the HF cache and works from a read-only data directory.  Splits that the raw
-data does not provide are made deterministically by hashing ``(seed, row index)``, which is stable
-across numpy/datasets versions and platforms; ``split_note`` records every such choice.
+CSV / TSV / JSON Lines / JSON / text files are read through ``datasets``' builders (``builders.py``), with a
+hand reader behind each for what the builder cannot say (the line of an error); formats no builder reads
+have hand readers only (``readers.py``).  ``hf:`` sources go through ``datasets.load_dataset`` (``hub.py``).
+The result is built with ``Dataset.from_dict`` (in memory); local files leave nothing in the HF cache and
+work from a read-only data directory.  Splits that the raw data does not provide are made
+deterministically by hashing ``(seed, row index)``, which is stable across numpy/datasets versions and
+platforms; ``split_note`` records every such choice.
 
 Returned columns: ``text``, optional ``text_pair``, ``label`` (``ClassLabel`` ints for
 classification, float32 for regression, absent for LM corpora) and, for wikitext-2 only, ``group``

@@ -1,6 +1,7 @@
 """The named datasets of the shared data directory (GLUE, WikiText-2, AG News, 20newsgroups and the
 biomedical corpora), each parsed from its raw files; where the raw data has no labelled test split, one
-is made deterministically and ``split_note`` says how."""
+is made deterministically and ``split_note`` says how.  Where a named dataset has an obvious equivalent on
+the Hugging Face hub, :data:`HUB_EQUIVALENTS` names the ``hf:`` source to use instead when online."""
 
 from __future__ import annotations
 
@@ -9,15 +10,51 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from fedlm.data.sources import readers
+from fedlm.data.sources import builders, readers
 from fedlm.data.sources.columns import Columns, RawSource, field_of, num_rows, split_note, split_off_test, text_of
+from fedlm.data.sources.data_dir import describe_data_dir
 from fedlm.errors import UserError
 
+_GLUE_PAIRS = {"text": "sentence1", "text_pair": "sentence2"}
+# named dataset -> (the hf: source of the same benchmark, the data.columns it needs); the rest have none.
+HUB_EQUIVALENTS: dict[str, tuple[str, dict[str, str] | None]] = {
+    "wikitext-2": ("hf:Salesforce/wikitext:wikitext-2-v1", None),
+    "glue/sst2": ("hf:nyu-mll/glue:sst2", None),
+    "glue/cola": ("hf:nyu-mll/glue:cola", None),
+    "glue/mrpc": ("hf:nyu-mll/glue:mrpc", _GLUE_PAIRS),
+    "glue/stsb": ("hf:nyu-mll/glue:stsb", _GLUE_PAIRS),
+    "glue/qnli": ("hf:nyu-mll/glue:qnli", {"text": "question", "text_pair": "sentence"}),
+    "glue/rte": ("hf:nyu-mll/glue:rte", _GLUE_PAIRS),
+    "glue/wnli": ("hf:nyu-mll/glue:wnli", _GLUE_PAIRS),
+    "ag_news": ("hf:fancyzhx/ag_news", None),
+    "20newsgroups": ("hf:SetFit/20_newsgroups", None),
+}
 
-def _require(path: Path, source: str) -> Path:
-    """A source's raw file, or an error that points at the data directory settings."""
+
+def hub_hint(source: str) -> str:
+    """What to use instead of a named dataset whose files are missing, as the end of a sentence."""
+    if source not in HUB_EQUIVALENTS:
+        return " (it has no equivalent on the Hugging Face hub)"
+    hub, columns = HUB_EQUIVALENTS[source]
+    mapping = f" with data.columns {{{', '.join(f'{k}: {v}' for k, v in columns.items())}}}" if columns else ""
+    return f", or when online use data.source: {hub}{mapping} instead"
+
+
+def missing_data(source: str, data_dir: Path, missing: Path | None = None) -> UserError:
+    """The one line for a named dataset whose data directory or files are missing: where fedlm looked,
+    how to point it elsewhere, and the hub source to use instead."""
+    what = f"{missing} not found in data directory" if missing else "no data directory at"
+    return UserError(
+        f"source '{source}': {what} {describe_data_dir(data_dir)}; "
+        f"pass --data-dir DIR or set FEDLM_DATA_DIR{hub_hint(source)}"
+    )
+
+
+def _require(data_dir: Path, relative: str, source: str) -> Path:
+    """A source's raw file, or the error that says where fedlm looked."""
+    path = data_dir / relative
     if not path.is_file():
-        raise UserError(f"missing data file {path} for source '{source}'; check --data-dir / FEDLM_DATA_DIR")
+        raise missing_data(source, data_dir, path)
     return path
 
 
@@ -63,7 +100,11 @@ _GLUE = {
 
 
 def _read_glue(path: Path, task: _Glue) -> Columns:
-    _, records = readers.read_tsv(path, header=task.header)
+    return builders.read_table(path, "tsv", lambda tabulate: _glue_columns(path, tabulate(task.header), task))
+
+
+def _glue_columns(path: Path, table: readers.Table, task: _Glue) -> Columns:
+    _, records = table
     cols: Columns = {"text": [], "label": []} | ({"text_pair": []} if task.pair else {})
     for where, fields in records:
         cols["text"].append(text_of(path, where, fields, task.text))
@@ -77,11 +118,11 @@ def _read_glue(path: Path, task: _Glue) -> Columns:
 
 def _load_glue(name: str, data_dir: Path, fraction: float, seed: int) -> RawSource:
     task = _GLUE[name]
-    folder = data_dir / "glue" / task.folder
-    dev_path = _require(folder / "dev.tsv", name)
+    folder = f"glue/{task.folder}"
+    dev_path = _require(data_dir, f"{folder}/dev.tsv", name)
     dev = _read_glue(dev_path, task)
     kind = "regression" if task.names is None else "classification"
-    train_path = folder / "train.tsv"
+    train_path = data_dir / folder / "train.tsv"
     if name == "glue/qnli" and not train_path.is_file():
         train, test = split_off_test(dev, fraction, seed, str(dev_path))
         note = (
@@ -89,7 +130,7 @@ def _load_glue(name: str, data_dir: Path, fraction: float, seed: int) -> RawSour
             f"dev.tsv ({num_rows(dev)} rows); {split_note(fraction, seed, 'dev')}"
         )
         return RawSource({"train": train, "test": test}, kind, task.names, note, [dev_path])
-    train = _read_glue(_require(train_path, name), task)
+    train = _read_glue(_require(data_dir, f"{folder}/train.tsv", name), task)
     note = f"train = GLUE train.tsv; GLUE test has no labels, so dev.tsv ({num_rows(dev)} rows) is used as test"
     return RawSource({"train": train, "test": dev}, kind, task.names, note, [train_path, dev_path])
 
@@ -98,7 +139,7 @@ def _load_wikitext(data_dir: Path, fraction: float, seed: int) -> RawSource:
     splits: dict[str, Columns] = {}
     files = []
     for split, fname in (("train", "train.txt"), ("validation", "valid.txt"), ("test", "test.txt")):
-        path = _require(data_dir / "wikitext-2" / fname, "wikitext-2")
+        path = _require(data_dir, f"wikitext-2/{fname}", "wikitext-2")
         texts, groups = readers.read_wikitext(path)
         splits[split] = {"text": texts, "group": groups}
         files.append(path)
@@ -110,32 +151,35 @@ def _load_wikitext(data_dir: Path, fraction: float, seed: int) -> RawSource:
 
 
 def _load_ag_news(data_dir: Path, fraction: float, seed: int) -> RawSource:
-    folder = data_dir / "ag_news"
-    names = readers.read_plain_text(_require(folder / "classes.txt", "ag_news"))
-    path = _require(folder / "test.csv", "ag_news")
-    _, records = readers.read_csv(path, header=False)
-    cols: Columns = {"text": [], "label": []}
-    for where, fields in records:
-        label = field_of(path, where, fields, "0").strip()
-        if not (label.isdigit() and 1 <= int(label) <= len(names)):
-            raise UserError(f"{path} {where}: class index '{label}' is not in 1..{len(names)}")
-        cols["text"].append(f"{text_of(path, where, fields, '1')} {text_of(path, where, fields, '2')}")
-        cols["label"].append(int(label) - 1)
+    classes = _require(data_dir, "ag_news/classes.txt", "ag_news")
+    names = builders.read_lines(classes)
+    path = _require(data_dir, "ag_news/test.csv", "ag_news")
+    cols = builders.read_table(path, "csv", lambda tabulate: _ag_news_columns(path, tabulate(False), names))
     train, test = split_off_test(cols, fraction, seed, str(path))
     note = (
         f"only the official AG News test.csv ({num_rows(cols)} rows) is available: train/test are made from "
         f"it; {split_note(fraction, seed, 'test.csv')}"
     )
-    return RawSource({"train": train, "test": test}, "classification", names, note, [folder / "classes.txt", path])
+    return RawSource({"train": train, "test": test}, "classification", names, note, [classes, path])
+
+
+def _ag_news_columns(path: Path, table: readers.Table, names: list[str]) -> Columns:
+    cols: Columns = {"text": [], "label": []}
+    for where, fields in table[1]:
+        label = field_of(path, where, fields, "0").strip()
+        if not (label.isdigit() and 1 <= int(label) <= len(names)):
+            raise UserError(f"{path} {where}: class index '{label}' is not in 1..{len(names)}")
+        cols["text"].append(f"{text_of(path, where, fields, '1')} {text_of(path, where, fields, '2')}")
+        cols["label"].append(int(label) - 1)
+    return cols
 
 
 def _load_20news(data_dir: Path, fraction: float, seed: int) -> RawSource:
     raw: dict[str, list[tuple[str, str]]] = {}
     files = []
     for split in ("train", "test"):
-        path = _require(data_dir / "20newsgroups" / f"{split}.jsonl", "20newsgroups")
-        _, records = readers.read_jsonl(path)
-        raw[split] = [(text_of(path, w, f, "text"), text_of(path, w, f, "label")) for w, f in records]
+        path = _require(data_dir, f"20newsgroups/{split}.jsonl", "20newsgroups")
+        raw[split] = builders.read_table(path, "jsonl", lambda tabulate, path=path: _news_rows(path, tabulate(True)))
         files.append(path)
     names = sorted({label for rows in raw.values() for _, label in rows})
     index = {n: i for i, n in enumerate(names)}
@@ -146,9 +190,13 @@ def _load_20news(data_dir: Path, fraction: float, seed: int) -> RawSource:
     return RawSource(splits, "classification", names, note, files)
 
 
+def _news_rows(path: Path, table: readers.Table) -> list[tuple[str, str]]:
+    return [(text_of(path, w, f, "text"), text_of(path, w, f, "label")) for w, f in table[1]]
+
+
 def _load_pubmed_abstracts(data_dir: Path, fraction: float, seed: int) -> RawSource:
-    path = _require(data_dir / "pubmed-abstracts" / "PubMedAbstract_1MB.txt", "pubmed-abstracts")
-    train, test = split_off_test({"text": readers.read_plain_text(path)}, fraction, seed, str(path))
+    path = _require(data_dir, "pubmed-abstracts/PubMedAbstract_1MB.txt", "pubmed-abstracts")
+    train, test = split_off_test({"text": builders.read_lines(path)}, fraction, seed, str(path))
     return RawSource({"train": train, "test": test}, "lm", None, split_note(fraction, seed, "the file"), [path])
 
 
@@ -157,8 +205,8 @@ _PQA_NAMES = ["yes", "no", "maybe"]
 
 def _load_pubmedqa_rows(data_dir: Path, source: str) -> tuple[dict[str, Columns], list[Path]]:
     """PQA-L rows split by the official 500 test ids; columns text/text_pair/label."""
-    main = _require(data_dir / "pubmedqa" / "ori_pqal.json", source)
-    truth = _require(data_dir / "pubmedqa" / "test_ground_truth.json", source)
+    main = _require(data_dir, "pubmedqa/ori_pqal.json", source)
+    truth = _require(data_dir, "pubmedqa/test_ground_truth.json", source)
     data, test_ids = readers.load_json(main), readers.load_json(truth)
     if not isinstance(data, dict) or not isinstance(test_ids, dict):
         raise UserError(f"{main} / {truth}: expected JSON objects keyed by PMID")
@@ -197,7 +245,7 @@ def _load_ncbi(data_dir: Path, fraction: float, seed: int) -> RawSource:
     splits: dict[str, Columns] = {}
     files = []
     for split, part in (("train", "train"), ("validation", "develop"), ("test", "test")):
-        path = _require(data_dir / "ncbi-disease" / f"NCBI{part}set_corpus.txt", "ncbi-disease-abstracts")
+        path = _require(data_dir, f"ncbi-disease/NCBI{part}set_corpus.txt", "ncbi-disease-abstracts")
         splits[split] = {"text": [text for _, text in readers.read_pubtator(path)]}
         files.append(path)
     note = "train/validation/test = NCBI train/develop/test corpus files; text = title + abstract"

@@ -1,10 +1,12 @@
-"""A parsed source before it becomes a dataset (splits as column lists) and the row helpers that the
-catalog and the local-file loader share: deterministic splitting and typed field access."""
+"""A parsed source before it becomes a dataset (splits as column lists) and the helpers that the catalog,
+local files and ``hf:`` sources share: deterministic splitting, typed field access, the column mapping and
+the label encoding."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ class RawSource:
     label_names: list[str] | None
     note: str
     files: list[Path]
+    extra: dict[str, Any] = field(default_factory=dict)  # more of what determines the data (for the fingerprint)
 
 
 def hash_order(n: int, seed: int, salt: str) -> list[int]:
@@ -58,14 +61,14 @@ def split_note(fraction: float, seed: int, of: str) -> str:
     return f"test = {fraction:.0%} of {of}, seed {seed}, deterministic (hash of seed and row index)"
 
 
-def field_of(path: Path, where: str, fields: dict[str, Any], key: str) -> Any:
+def field_of(path: Path | str, where: str, fields: dict[str, Any], key: str) -> Any:
     """A record's field, or an error naming the file, the line and the fields it has."""
     if key not in fields:
         raise UserError(f"{path} {where}: no '{key}' field (has: {', '.join(map(str, fields))})")
     return fields[key]
 
 
-def text_of(path: Path, where: str, fields: dict[str, Any], key: str) -> str:
+def text_of(path: Path | str, where: str, fields: dict[str, Any], key: str) -> str:
     """A record's field as text; numbers are accepted (a JSON id column), other values are errors."""
     value = field_of(path, where, fields, key)
     if isinstance(value, str):
@@ -73,3 +76,61 @@ def text_of(path: Path, where: str, fields: dict[str, Any], key: str) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     raise UserError(f"{path} {where}: field '{key}' should be text, found {type(value).__name__}")
+
+
+ROLES = ("text", "text_pair", "label")
+_DEFAULT_COLUMNS = {"text": ("text", "sentence", "content"), "text_pair": ("text_pair",), "label": ("label",)}
+
+
+def map_columns(columns: dict[str, str] | None, available: list[str], what: object) -> dict[str, str]:
+    """Our role -> the data's column, defaulting to same-named columns; unknown columns are errors."""
+    mapping = dict(columns or {})
+    if bad := [role for role in mapping if role not in ROLES]:
+        raise UserError(f"unknown column role '{bad[0]}' in columns mapping; use {', '.join(ROLES)}")
+    for role, names in _DEFAULT_COLUMNS.items():
+        if role not in mapping and (hit := next((n for n in names if n in available), None)):
+            mapping[role] = hit
+    if "text" not in mapping:
+        raise UserError(
+            f"no text column in {what}; columns are: {', '.join(available)}; "
+            "map one with columns={'text': ...}"
+        )
+    for role, column in mapping.items():
+        if column not in available:
+            raise UserError(
+                f"column '{column}' (for {role}) not found in {what}; columns are: {', '.join(available)}"
+            )
+    return mapping
+
+
+def label_value(what: object, where: str, value: Any) -> str | float:
+    """Numbers (or numeric strings) as float, anything else as a stripped string."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value.strip():
+        try:
+            number = float(value)
+        except ValueError:
+            return value.strip()
+        return number if math.isfinite(number) else value.strip()
+    raise UserError(f"{what} {where}: missing or empty label")
+
+
+def encode_labels(splits: dict[str, Columns]) -> tuple[str, list[str] | None]:
+    """Regression if every label is a number and some are fractional; else sorted class names."""
+    values = [v for cols in splits.values() for v in cols["label"]]
+    if all(isinstance(v, float) for v in values) and any(not v.is_integer() for v in values):
+        return "regression", None
+
+    def name(v: str | float) -> str:
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+    distinct = {name(v): v for v in values}
+    numeric = all(isinstance(v, float) for v in distinct.values())
+    names = sorted(distinct, key=lambda n: (distinct[n], n) if numeric else (0, n))
+    index = {n: i for i, n in enumerate(names)}
+    for cols in splits.values():
+        cols["label"] = [index[name(v)] for v in cols["label"]]
+    return "classification", names

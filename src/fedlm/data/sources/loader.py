@@ -1,5 +1,5 @@
-"""``load_source``: a named source or a local file as a Hugging Face ``DatasetDict``, subsampled, with the
-provenance (split note, fingerprint) that runs and partition caches rely on."""
+"""``load_source``: a named source, an ``hf:`` source or a local file as a Hugging Face ``DatasetDict``,
+subsampled, with the provenance (split note, fingerprint) that runs and partition caches rely on."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from fedlm.data.sources.catalog import SOURCES
+from fedlm.data.sources.catalog import SOURCES, missing_data
 from fedlm.data.sources.columns import Columns, RawSource, hash_order, num_rows, take
+from fedlm.data.sources.hub import PREFIX, load_hub
 from fedlm.data.sources.local import load_local, local_path
 from fedlm.errors import UserError
 
@@ -71,14 +72,16 @@ def _to_dataset(cols: Columns, kind: str, names: list[str] | None, what: str) ->
         raise UserError(f"{what}: cannot store the data as a dataset ({type(e).__name__}: {e})") from None
 
 
-def _fingerprint(ident: str, files: list[Path], base: Path | None, params: dict[str, Any]) -> str:
-    """Hash of what determines the result; files by (name, size, mtime) so edits invalidate caches."""
+def _fingerprint(ident: str, raw: RawSource, base: Path | None, params: dict[str, Any]) -> str:
+    """Hash of what determines the result; files by (name, size, mtime) so edits invalidate caches, an
+    ``hf:`` dataset by its name, config and the fingerprints ``datasets`` gives its splits."""
     stats = []
-    for path in files:
+    for path in raw.files:
         st = path.stat()
         shown = path.relative_to(base).as_posix() if base and path.is_relative_to(base) else str(path)
         stats.append([shown, st.st_size, st.st_mtime_ns])
-    blob = json.dumps({"v": _FINGERPRINT_VERSION, "source": ident, "files": stats, **params}, sort_keys=True)
+    blob = json.dumps({"v": _FINGERPRINT_VERSION, "source": ident, "files": stats, **raw.extra, **params},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -93,15 +96,20 @@ def load_source(
     max_train_examples: int | None = None,
     max_test_examples: int | None = None,
 ) -> LoadedData:
-    """Load a named source (see :func:`available_sources`) or a local file/directory."""
+    """Load a named source (see :func:`available_sources`), an ``hf:<dataset>[:<config>]`` source (see
+    ``hub.py``) or a local file/directory."""
     limits = {"max_train_examples": max_train_examples, "max_test_examples": max_test_examples}
     _check_params(test_fraction, seed, limits)
     data_dir = Path(data_dir)
-    if name_or_path in SOURCES:
+    if name_or_path.startswith(PREFIX):
+        if file_format:
+            raise UserError(f"file_format applies to local files only, not to source '{name_or_path}'")
+        raw, ident, base = load_hub(name_or_path, columns, test_fraction, seed), name_or_path, None
+    elif name_or_path in SOURCES:
         if columns or file_format:
             raise UserError(f"columns/file_format apply to local files only, not to source '{name_or_path}'")
         if not data_dir.is_dir():
-            raise UserError(f"data directory {data_dir} does not exist; pass --data-dir or FEDLM_DATA_DIR")
+            raise missing_data(name_or_path, data_dir)
         raw, ident, base = SOURCES[name_or_path](data_dir, test_fraction, seed), name_or_path, data_dir
     else:
         path = local_path(name_or_path, data_dir)
@@ -121,4 +129,4 @@ def load_source(
         "seed": seed,
         **limits,
     }
-    return LoadedData(splits, raw.kind, raw.label_names, note, _fingerprint(ident, raw.files, base, params))
+    return LoadedData(splits, raw.kind, raw.label_names, note, _fingerprint(ident, raw, base, params))

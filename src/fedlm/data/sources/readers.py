@@ -1,9 +1,14 @@
-"""Parsers that turn data files into plain Python records.
+"""The hand-written readers: files as plain Python records.
 
 Every reader returns ``(columns, records)`` where each record is ``(where, fields)``: ``where`` is a
 human-readable location such as ``"line 17"`` so that later validation errors can point at the exact
 spot.  All failures are raised as :class:`UserError` naming the file and line; no csv/json traceback
 escapes from here.
+
+CSV, TSV, JSON Lines, JSON and plain text are read through ``datasets``' builders first (``builders.py``);
+the readers for them stay because the builders cannot name the line of an error, and they read every file
+whose builder output could differ from theirs.  The others read what no builder reads: WikiText headings,
+PubTator documents, PubMedQA's object keyed by PMID.
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ def read_lines(path: Path) -> list[str]:
     return [line.removesuffix("\r") for line in read_text(path).split("\n")]
 
 
-def _header_and_rows(path: Path, rows: list[tuple[int, list[str]]], header: bool) -> Table:
+Rows = list[tuple[str, list[str]]]  # the non-blank rows of a delimited file, header included: (where, fields)
+
+
+def tabulate(path: Path, rows: Rows, header: bool) -> Table:
     """Check that every row has the same field count and key the fields by header name or index."""
     if not rows:
         raise UserError(f"{path} is empty: no rows found")
@@ -58,27 +66,28 @@ def _header_and_rows(path: Path, rows: list[tuple[int, list[str]]], header: bool
         columns = [str(i) for i in range(len(rows[0][1]))]
     width = len(columns)
     records: list[Record] = []
-    for lineno, fields in rows:
+    for where, fields in rows:
         if len(fields) != width:
             raise UserError(
-                f"{path} line {lineno}: expected {width} fields, found {len(fields)}; "
+                f"{path} {where}: expected {width} fields, found {len(fields)}; "
                 "check for a stray delimiter or an unclosed quote"
             )
-        records.append((f"line {lineno}", dict(zip(columns, fields, strict=True))))
+        records.append((where, dict(zip(columns, fields, strict=True))))
     return columns, records
 
 
-def read_tsv(path: Path, header: bool) -> Table:
-    """Tab-separated rows with no quoting: GLUE files contain bare '"' characters that a csv quote
-    parser would treat as field delimiters and silently merge lines."""
-    rows = [(i, line.split("\t")) for i, line in enumerate(read_lines(path), 1) if line.strip()]
-    return _header_and_rows(path, rows, header)
+def tsv_rows(path: Path) -> Rows:
+    """Tab-separated rows with no quoting (GLUE files contain bare '"' characters that a csv quote parser
+    would treat as field delimiters and silently merge lines), each with its line; behind the csv builder,
+    which names no line and pads a short row with empty fields."""
+    return [(f"line {i}", line.split("\t")) for i, line in enumerate(read_lines(path), 1) if line.strip()]
 
 
-def read_csv(path: Path, header: bool) -> Table:
-    """Comma-separated rows with standard double-quote quoting."""
+def csv_rows(path: Path) -> Rows:
+    """Comma-separated rows with standard double-quote quoting, each with the line it starts on; behind the
+    csv builder, which names no line and pads a short row with empty fields."""
     reader = csv.reader(io.StringIO(read_text(path), newline=""))
-    rows: list[tuple[int, list[str]]] = []
+    rows: Rows = []
     while True:
         start = reader.line_num + 1
         try:
@@ -88,8 +97,18 @@ def read_csv(path: Path, header: bool) -> Table:
         except csv.Error as e:
             raise UserError(f"bad CSV at {path} line {start}: {e}") from None
         if any(f.strip() for f in fields):
-            rows.append((start, fields))
-    return _header_and_rows(path, rows, header)
+            rows.append((f"line {start}", fields))
+    return rows
+
+
+def read_tsv(path: Path, header: bool) -> Table:
+    """A TSV file's records (see :func:`tsv_rows`)."""
+    return tabulate(path, tsv_rows(path), header)
+
+
+def read_csv(path: Path, header: bool) -> Table:
+    """A CSV file's records (see :func:`csv_rows`)."""
+    return tabulate(path, csv_rows(path), header)
 
 
 def _columns_of(records: list[Record]) -> list[str]:
@@ -101,7 +120,8 @@ def _columns_of(records: list[Record]) -> list[str]:
 
 
 def read_jsonl(path: Path) -> Table:
-    """One JSON object per non-blank line."""
+    """One JSON object per non-blank line; behind the json builder, which names no line and gives a missing
+    key as null."""
     records: list[Record] = []
     for lineno, line in enumerate(read_lines(path), 1):
         if not line.strip():
@@ -117,7 +137,8 @@ def read_jsonl(path: Path) -> Table:
 
 
 def load_json(path: Path) -> Any:
-    """Parse a whole JSON document; the error names the line of the syntax error."""
+    """Parse a whole JSON document; the error names the line of the syntax error.  (PubMedQA's files are one
+    object keyed by PMID, not rows: no builder reads them as records.)"""
     try:
         return json.loads(read_text(path))
     except json.JSONDecodeError as e:
@@ -125,7 +146,8 @@ def load_json(path: Path) -> Any:
 
 
 def read_json(path: Path) -> Table:
-    """A JSON list of objects, or an object of equal-length lists (column-oriented)."""
+    """A JSON list of objects, or an object of equal-length lists (column-oriented, which the json builder
+    reads as one row of lists)."""
     doc = load_json(path)
     if isinstance(doc, dict) and doc and all(isinstance(v, list) for v in doc.values()):
         lengths = {len(v) for v in doc.values()}
@@ -144,12 +166,14 @@ def read_json(path: Path) -> Table:
 
 
 def read_plain_text(path: Path) -> list[str]:
-    """One example per non-empty line (trailing whitespace dropped)."""
+    """One example per non-empty line (trailing whitespace dropped); behind the text builder, whose decoding
+    errors name no line."""
     return [line.rstrip() for line in read_lines(path) if line.strip()]
 
 
 def read_wikitext(path: Path) -> tuple[list[str], list[str]]:
-    """Paragraph lines of a WikiText token file and an id of the article each belongs to.
+    """Paragraph lines of a WikiText token file and an id of the article each belongs to (no builder knows
+    WikiText's headings, which mark articles and are not text).
 
     Headings (`` = Title = ``, `` = = Section = = ``) are dropped; only top-level ones start a new
     article.  Ids are "<article number> <title>" because a few titles occur twice in a file.
@@ -173,7 +197,8 @@ def read_wikitext(path: Path) -> tuple[list[str], list[str]]:
 
 def read_pubtator(path: Path) -> list[tuple[str, str]]:
     """(PMID, "title abstract") per document of a PubTator file (``PMID|t|``, ``PMID|a|`` lines;
-    tab-separated mention lines are skipped).  Documents are kept in file order, duplicates included."""
+    tab-separated mention lines are skipped).  Documents are kept in file order, duplicates included.
+    No builder reads PubTator: a document spans several lines of different kinds."""
     docs: list[tuple[str, list[str]]] = []
     for lineno, line in enumerate(read_lines(path), 1):
         parts = line.split("|", 2)
