@@ -120,3 +120,21 @@ def test_a_named_axis_may_replace_the_partition_section(cfg_file):
     (iid_label, iid), (mix_label, mix) = expand_grid(cfg)
     assert (iid_label, mix_label) == ("partition=iid", "partition=label_mix(mixes=[[0.5, 0.5], [1, 0]])")
     assert iid.partition.num_clients == 3 and mix.partition.mixes == [[0.5, 0.5], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize(("raw", "line"), [
+    ({"protocol": {"clients_per_round": 12}, "partition": {"num_clients": 10}},
+     "config error: protocol.clients_per_round = 12 but partition.num_clients = 10: a round cannot sample more "
+     "clients than there are"),
+    ({"name": ".."}, "config error: name = '..' would write outside output_dir; give the run a name"),
+])
+def test_rules_across_sections_are_one_line_without_the_whole_config(raw, line):
+    with pytest.raises(UserError) as err:
+        validate({"data": {"source": "x.csv"}, **raw})
+    assert str(err.value) == line
+
+
+def test_centralized_and_isolated_ignore_clients_per_round():
+    for kind in ("centralized", "isolated"):
+        validate({"data": {"source": "x.csv"}, "partition": {"num_clients": 2},
+                  "protocol": {"kind": kind, "clients_per_round": 5}})

@@ -8,3 +8,10 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+class RunStopped(UserError):
+    """A run that stopped cleanly before its last round (a round could not complete): the CLI prints one
+    line and exits with status 3, distinct from bad input; the run resumes from its last checkpoint."""
+
+    exit_code = 3

@@ -66,6 +66,13 @@ class ExperimentConfig(Section):
                                  "(set protocol.kind: fedavg, or remove the split section)")
             if self.sharing != SharingConfig():
                 raise ValueError("split.client_parts decides what clients share; remove the sharing section")
+        sampled = self.protocol.clients_per_round
+        if sampled is not None and self.protocol.kind not in ("centralized", "isolated") and (
+                sampled > self.partition.num_clients):
+            raise ValueError(f"protocol.clients_per_round = {sampled} but partition.num_clients = "
+                             f"{self.partition.num_clients}: a round cannot sample more clients than there are")
+        if not self.name.strip(". "):
+            raise ValueError(f"name = {self.name!r} would write outside output_dir; give the run a name")
         return self
 
 
@@ -88,7 +95,10 @@ def format_error(err: ValidationError, within: tuple[str, ...] = ()) -> str:
                 f"choose one of {first['ctx']['expected_tags']}")
     if kind == "union_tag_not_found":
         return f"config error: {key} = {value!r}: should be a mapping with a kind and its parameters"
-    return f"config error: {key} = {value!r}: {first['msg'].removeprefix('Value error, ')}"
+    message = first["msg"].removeprefix("Value error, ")
+    if not loc:  # a rule across sections: the message names its keys, and the whole config is no culprit
+        return f"config error: {message}"
+    return f"config error: {key} = {value!r}: {message}"
 
 
 def _locate(loc: tuple) -> tuple[str, type[BaseModel] | None]:

@@ -67,7 +67,11 @@ class Executor(Protocol):
 
 
 class RoundFailed(RuntimeError):
-    """Too few clients reported, even after the allowed retries."""
+    """Too few clients reported, even after the allowed retries; ``record`` is what the run records of it."""
+
+    def __init__(self, message: str, record: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 @dataclass
@@ -156,9 +160,7 @@ class RoundEngine:
             log.warning("round %d: %d of %d clients reported, need %d; retrying (attempt %d)", round_idx,
                         len(reports), len(jobs), self.plan.min_clients, attempt + 1)
         else:
-            reasons = "; ".join(f"client {f.client_id}: {f.reason}" for f in failures[-5:])
-            raise RoundFailed(f"round {round_idx}: fewer than {self.plan.min_clients} clients reported "
-                              f"after {self.plan.max_retries + 1} attempts ({reasons})")
+            raise self._failed(round_idx, len(reports), failures)
         updates = [r.update for r in reports]
         train_s = time.perf_counter() - started  # clients' share of the round (FFDAPT's saving shows here)
         if global_params:
@@ -177,6 +179,18 @@ class RoundEngine:
         if self.hooks.on_round is not None:
             self.hooks.on_round(round_idx, record)
         return global_params
+
+    def _failed(self, round_idx: int, reported: int, failures: list[ClientFailure]) -> RoundFailed:
+        """The round could not complete: its record (written to the run's metrics) and the error to stop on."""
+        attempts = self.plan.max_retries + 1
+        record = {"round": round_idx, "round_failed": True, "reported": reported, "needed": self.plan.min_clients,
+                  "attempts": attempts, "failed": [{"client": f.client_id, "reason": f.reason} for f in failures]}
+        if self.hooks.record is not None:
+            self.hooks.record(record)
+        reasons = "; ".join(f"client {f.client_id}: {f.reason}" for f in failures[-5:])
+        return RoundFailed(f"round {round_idx}: fewer than {self.plan.min_clients} clients reported after "
+                           f"{attempts} attempts (last attempt: {reported} reported; {reasons})".replace("\n", " "),
+                           record)
 
     def _frozen(self, round_idx: int, sampled: list[int], client_id: int) -> tuple[str, ...]:
         return self.hooks.frozen_for(round_idx, sampled, client_id) if self.hooks.frozen_for else ()

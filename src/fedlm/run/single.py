@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,9 +15,9 @@ import torch
 
 from fedlm.config import ExperimentConfig, ProtocolConfig, dump_config
 from fedlm.data.partition_stats import write_partition_report
-from fedlm.errors import UserError
+from fedlm.errors import RunStopped, UserError
 from fedlm.federation.codecs import Codec, get_codec
-from fedlm.federation.engine import EngineHooks, Executor, RoundEngine, RoundPlan
+from fedlm.federation.engine import EngineHooks, Executor, RoundEngine, RoundFailed, RoundPlan
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import NamedTensors, load_into, snapshot
 from fedlm.federation.sharing import SharingPolicy
@@ -34,6 +35,8 @@ from fedlm.run.tracking import Trackers, open_trackers
 from fedlm.split.executor import RemoteClients, SplitExecutor
 from fedlm.split.trunk import TrunkBackend
 from fedlm.tasks import Task
+
+log = logging.getLogger("fedlm")
 
 
 class ExecutorFactory(Protocol):
@@ -77,12 +80,15 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     strategy = build_strategy(config.protocol)
     codec = run_codec(config.protocol)
     if checkpoint is not None:
+        if config.split is not None and config.split.optimizer_state == "carry":
+            log.warning("%s: split.optimizer_state carry: checkpoints hold no optimizer state, so the resumed "
+                        "rounds start the trunk's and the client parts' optimizers afresh", config.name)
         global_params = checkpoint["global"]
         strategy.load_state_dict(checkpoint["strategy"])
         store.restore()
         recorder.truncate_after(checkpoint["round"])
-    elif resume:
-        recorder.truncate_after(0)
+    elif resume:  # nothing was checkpointed: the run starts over, its starting point included
+        recorder.truncate_after(-1)
     progress = RoundProgress(config.name, config.protocol.rounds, start, prep.task.target_metric()[0])
     settings = LocalSettings.from_config(config.train)
     evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.eval_batch)
@@ -95,6 +101,9 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
                          settings=settings, plan=plan, hooks=hooks)
     try:
         final = engine.run(global_params, start_round=start)
+    except RoundFailed as failed:
+        raise RunStopped(f"{failed}. The run keeps its rounds before this one; fix the cause and continue with "
+                         f"`fedlm run --resume {run_dir}`") from None
     finally:
         executor.close()
         progress.close()
