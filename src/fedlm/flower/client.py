@@ -31,11 +31,11 @@ from fedlm.flower.messages import (
     job_from_content,
     report_content,
 )
-from fedlm.models.cut import Cut, SplitModel
+from fedlm.models.cut import SplitModel
 from fedlm.run.prepare import Prepared, prepare
 from fedlm.split.client import run_client_turn
 from fedlm.split.grpc import GrpcTransport
-from fedlm.split.parts import client_copy
+from fedlm.split.parts import client_copy, split_model
 from fedlm.split.trunk import WIRE_DTYPES
 
 log = logging.getLogger("fedlm")
@@ -105,7 +105,7 @@ class ClientRuntime:
         experiment."""
         if self._split_client is None or self._split_client[0] is not prep:
             spec = prep.config.split
-            self._split_client = prep, client_copy(SplitModel(prep.model, Cut(spec.bottom_blocks, spec.top_blocks)))
+            self._split_client = prep, client_copy(split_model(prep.model, spec))
         return self._split_client[1]
 
     def trunk_transport(self, content: RecordDict, context: Context, prep: Prepared, own: int) -> GrpcTransport:

@@ -137,7 +137,7 @@ def round_plan(config: ExperimentConfig, n_clients: int) -> RoundPlan:
     protocol = config.protocol
     per_round = n_clients if protocol.kind in ("isolated", "centralized") else (
         protocol.clients_per_round or max(1, round(protocol.fraction * n_clients)))
-    return RoundPlan(rounds=protocol.rounds, clients_per_round=min(per_round, n_clients),
+    return RoundPlan(rounds=protocol.rounds, clients_per_round=per_round,
                      min_clients=min(protocol.min_clients, per_round), max_retries=protocol.max_retries,
                      timeout_s=protocol.client_timeout_s, seed=config.seed,
                      count_bytes=protocol.kind not in ("centralized", "isolated"),
