@@ -68,6 +68,14 @@ def test_baselines_run_beside_the_grid(cfg_file):
     assert labels == ["protocol=fedavg", "protocol=fedopt", "protocol=centralized"]
 
 
+def test_baselines_without_a_grid_run_beside_the_config_itself(cfg_file):
+    cfg = load_config(cfg_file, ["protocol.kind=fedavg", "protocol.rounds=4",
+                                 "baselines=[{label: centralized, protocol.kind: centralized, protocol.rounds: 2}]"])
+    runs = expand_grid(cfg)
+    assert [label for label, _ in runs] == ["fedavg", "centralized"]
+    assert [(c.protocol.kind, c.protocol.rounds) for _, c in runs] == [("fedavg", 4), ("centralized", 2)]
+
+
 def test_named_grid_axis_applies_its_overrides_together_and_tags_the_run():
     cfg = validate({"data": {"source": "x"}, "grid": {
         "dataset": [{"label": "sst2", "data.source": "glue/sst2", "eval.target": 0.8},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ def _engine(prep, strategy, clients_per_round, fit_fn=fit_client, rounds=1, min_
             max_retries=0):
     names = trainable_names(prep.model)
     executor = InProcessExecutor(prep.model, prep.task, prep.client_train, get_codec("fp32"),
-                                 ClientStore({}, Path(prep.config.output_dir) / "clients.pt"), [],
+                                 ClientStore({}), [],
                                  fit_fn=fit_fn)
     plan = RoundPlan(rounds=rounds, clients_per_round=clients_per_round, min_clients=min_clients,
                      max_retries=max_retries, timeout_s=timeout, seed=prep.config.seed)

@@ -40,7 +40,8 @@ from fedlm.flower.messages import (
     report_content,
     to_array_record,
 )
-from fedlm.flower.server import FlowerExecutor, build_server_app, discover_clients
+from fedlm.flower.nodes import discover_clients
+from fedlm.flower.server import FlowerExecutor, build_server_app
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from fedlm.split.certs import throwaway_certificates

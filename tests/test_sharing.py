@@ -175,9 +175,11 @@ def test_disk_store_commits_at_checkpoints_and_drops_uncommitted_writes(tmp_path
     store = DiskClientStore({"w": torch.zeros(2)}, tmp_path / "states")
     store.put(1, {"w": torch.ones(2)})
     assert torch.equal(store.get(1)["w"], torch.ones(2))
-    store.commit()
+    saved = store.checkpoint(1)
+    store.checkpointed(1)
     store.put(1, {"w": torch.full((2,), 2.0)})  # a round that gets interrupted
-    store.restore()
+    store = DiskClientStore({"w": torch.zeros(2)}, tmp_path / "states")  # the resumed process
+    store.restore(saved, 1)
     assert torch.equal(store.get(1)["w"], torch.ones(2)) and torch.equal(store.get(2)["w"], torch.zeros(2))
 
 

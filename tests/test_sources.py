@@ -27,6 +27,11 @@ EXPECTED = {
     "pubmedqa-contexts": ("lm", ["text"], None, {"train": 500, "test": 500}),
     "ncbi-disease-abstracts": ("lm", ["text"], None, {"train": 593, "validation": 100, "test": 100}),
     "biomedical-abstracts": ("lm", ["text"], None, {"train": 653 + 500 + 593, "test": 72 + 500 + 100}),
+    "conll2003": ("tagging", ["text", "tokens", "tags"], 9, {"train": 14041, "validation": 3250, "test": 3453}),
+    "ncbi-disease": ("tagging", ["text", "tokens", "tags"], 3, {"train": 5432, "validation": 923, "test": 940}),
+    "squad": ("qa", ["text", "text_pair", "id", "title", "answer_texts", "answer_starts"], None,
+              {"train": 9713, "test": 857}),  # dev v1.1 split by article
+    "dialogsum": ("seq2seq", ["text", "target", "group"], None, {"train": 12460, "validation": 500, "test": 500}),
 }
 
 
@@ -57,7 +62,10 @@ def test_named_source_shape(name: str, data_dir: Path) -> None:
         assert loaded.label_names is None
     else:
         assert len(loaded.label_names) == n_labels
-        labels = set(loaded.splits["train"]["label"]) | set(loaded.splits["test"]["label"])
+        if kind == "tagging":  # every tag of the training split, each sentence's tags a list
+            labels = {tag for split in ("train", "test") for tags in loaded.splits[split]["tags"] for tag in tags}
+        else:
+            labels = set(loaded.splits["train"]["label"]) | set(loaded.splits["test"]["label"])
         assert labels == set(range(n_labels))
 
 
@@ -258,7 +266,7 @@ def test_bad_parameters(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.txt", "one\ntwo\n")
     assert "test_fraction" in _error(str(path), tmp_path, test_fraction=1.5)
     assert "max_train_examples" in _error(str(path), tmp_path, max_train_examples=0)
-    assert "file_format" in _error(str(path), tmp_path, file_format="xml")
+    assert "set data.format to one of" in _error(str(path), tmp_path, file_format="xml")
     assert "local files" in _error("glue/sst2", tmp_path, columns={"text": "x"})
 
 
@@ -368,7 +376,7 @@ def test_hf_local_folder_maps_like_a_local_directory(tmp_path: Path) -> None:
     _write(folder / "test.csv", "review,stars\nfine,b\nbad,a\n")
     assert load_source(f"hf:{folder}", tmp_path, columns=columns).fingerprint != hub.fingerprint
     assert "no text column" in _error(f"hf:{folder}", tmp_path)
-    assert "file_format" in _error(f"hf:{folder}", tmp_path, file_format="csv")
+    assert "data.format applies to local files only" in _error(f"hf:{folder}", tmp_path, file_format="csv")
 
 
 def _glue_like(root: Path) -> Path:

@@ -111,7 +111,7 @@ def make_executor(prep, mode: str, parts: str, hook=None, remote=None, **split) 
     model = build_model("bert", "tiny", "classification", prep.tokenizer, num_labels=2, seed=3)
     settings = LocalSettings(lr=0.01, batch_size=8, local_steps=2, max_grad_norm=None)
     spec = SplitConfig(trunk_mode=mode, client_parts=parts, **split)
-    store = ClientStore({}, prep.config.output_dir + "/unused.pt")
+    store = ClientStore({})
     executor = SplitExecutor(model, spec, prep.task, prep.client_train, get_codec("fp32"), store, settings,
                              hook=hook, remote=remote)
     store.initial = snapshot(model, executor.parts.local)

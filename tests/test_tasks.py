@@ -81,7 +81,8 @@ def test_forward_backward_and_evaluate(tokenizers, family, task_name):
 
 
 def test_registry():
-    assert set(TASKS) == {"mlm", "clm", "classification", "regression"}
+    assert {"mlm", "clm", "classification", "regression", "tagging", "qa"} <= set(TASKS)
+    assert get_task("tagging").target_metric() == ("f1", "max") and get_task("qa").target_metric() == ("f1", "max")
     assert get_task("classification", target="mcc").target_metric() == ("mcc", "max")
     assert get_task("clm").target_metric() == ("perplexity", "min")
 

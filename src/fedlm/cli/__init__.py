@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -26,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. protocol.rounds=5")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its last checkpoint")
     run.add_argument("--output-dir", help="where run directories go (default: the config's output_dir)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace a run directory of the same name (by default a re-run under an existing "
+                          "run's name stops); the old run is deleted once the new one's data and model load")
 
     part = sub.add_parser("partition", help="partition a config's data and write per-client statistics and plots")
     part.add_argument("config")
@@ -40,6 +44,18 @@ def _parser() -> argparse.ArgumentParser:
                         help="score by the shared test split or by the clients' local test splits "
                              "(default: each run's eval.headline)")
 
+    audit = sub.add_parser("audit", help="attack a finished run as an honest-but-curious server; writes "
+                                         "audit.md and audit.json into it")
+    audit.add_argument("run_dir", help="a run directory (not a grid)")
+    audit.add_argument("--public-text", help="the attacker's public text, one passage a line "
+                                             "(default: wikitext-2/train.txt in the data directory)")
+    audit.add_argument("--clients", type=int, nargs="+", help="client ids to attack (default: the first 8)")
+    audit.add_argument("--inverter", choices=("transformer", "mlp"), default="transformer",
+                       help="inversion model: a 1-layer transformer (FL-GLM's) or a per-position MLP")
+    audit.add_argument("--steps", type=int, default=300, help="inversion model training steps (default 300)")
+    audit.add_argument("--public-sequences", type=int, default=2000, help="public lines to train it on")
+    audit.add_argument("--client-sequences", type=int, default=64, help="training sequences attacked per client")
+
     trunk = sub.add_parser("trunk", help="split learning: the server's trunk (middle transformer blocks)")
     trunk_sub = trunk.add_subparsers(dest="trunk_command", required=True)
     serve = trunk_sub.add_parser("serve", help="serve the trunk of a config's model to split-learning clients (gRPC)")
@@ -51,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", help="server private key (PEM)")
     serve.add_argument("--client-ca", help="CA (PEM) that must have signed every client's certificate (mutual TLS)")
     serve.add_argument("--insecure", action="store_true", help="serve without TLS (tokens in clear; trusted networks)")
-    serve.add_argument("--max-message-mb", type=float, default=64.0, help="largest message either way (MiB)")
+    serve.add_argument("--max-message-mb", type=float, default=None,
+                       help="largest message either way (MiB; default: the largest the trunk's limits admit, <= 64)")
     serve.add_argument("--stream-timeout-s", type=float, default=600.0, help="close sessions idle this long")
     return parser
 
@@ -69,6 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedlm: interrupted; resume with `fedlm run --resume RUN_DIR`", file=sys.stderr)
         return 130
+    except OSError as err:
+        if err.errno not in _FILE_SYSTEM_ERRORS:
+            raise
+        print(f"fedlm: {file_system_error(err)}", file=sys.stderr)
+        return UserError.exit_code
+
+
+# the file system refused (permissions, a read-only or full disk): the user's to fix, not a bug in fedlm
+_FILE_SYSTEM_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
+                       errno.EISDIR}
+
+
+def file_system_error(err: OSError) -> str:
+    """One line for a file-system refusal: the path, the reason, and that a run keeps its last checkpoint."""
+    where = f" {err.filename}" if err.filename else ""
+    return (f"cannot write or read{where}: {err.strerror or err}; fix the permissions or free space (a run "
+            "stopped here resumes from its last checkpoint with fedlm run --resume RUN_DIR)")
 
 
 def configure_output(verbose: bool) -> None:
@@ -110,16 +144,30 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.resume:
             from fedlm.run.grid import resume_run
 
+            if args.overwrite:
+                raise UserError("--resume continues a run and --overwrite replaces it: give one of them")
+
             resume_run(Path(args.resume), resolve_data_dir(args.data_dir))
             return 0
         if not args.config:
             raise UserError("fedlm run needs a CONFIG file (or --resume RUN_DIR)")
         config = load_config(args.config, args.overrides)
         data_dir = resolve_data_dir(args.data_dir)
+        from fedlm.cli.commands import check_writable
         from fedlm.run.grid import run_config
 
-        out = run_config(config, data_dir, Path(args.output_dir) if args.output_dir else None)
+        check_writable(Path(args.output_dir or config.output_dir), "the output directory (output_dir)")
+
+        out = run_config(config, data_dir, Path(args.output_dir) if args.output_dir else None, args.overwrite)
         print(f"run directory: {out}")
+        return 0
+    if args.command == "audit":
+        from fedlm.audit import InversionSettings, audit_run
+
+        settings = InversionSettings(args.public_sequences, args.client_sequences, args.inverter, args.steps)
+        audit_run(Path(args.run_dir), resolve_data_dir(args.data_dir), clients=args.clients, inversion=settings,
+                  public_text=Path(args.public_text) if args.public_text else None)
+        print(f"audit: {Path(args.run_dir) / 'audit.md'}")
         return 0
     if args.command == "trunk":
         from fedlm.cli.trunk import trunk_serve

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from fedlm.config import ExperimentConfig, section_label
@@ -9,26 +10,41 @@ from fedlm.errors import UserError
 
 
 def partition_report(config: ExperimentConfig, data_dir: Path, out_dir: Path | None = None) -> Path:
-    """Partition the config's training data exactly as a run would, and write the statistics and plots."""
+    """Partition the config's training data exactly as a run would, and write the statistics and plots.
+    Everything from the loaded dataset on is columnar (``fedlm.data.inputs``), and nothing of the model
+    stack is imported: on a million rows this costs what the same calls from Python cost."""
+    from fedlm.data.inputs import partition_input, partition_labels
     from fedlm.data.partition import build_partitioner, partition_cached
     from fedlm.data.partition_stats import write_partition_report
     from fedlm.data.sources import load_source
-    from fedlm.run.prepare import num_clients_of, partition_input
     from fedlm.run.recorder import slug
 
+    out = out_dir or Path(config.output_dir) / slug(config.name) / "partition"
+    check_writable(out, "the partition report directory (--out)")
     loaded = load_source(config.data.source, data_dir, columns=config.data.columns,
                          file_format=config.data.format, test_fraction=config.data.test_fraction,
                          seed=config.seed, max_train_examples=config.data.max_train_examples,
-                         max_test_examples=config.data.max_test_examples)
-    out = out_dir or Path(config.output_dir) / slug(config.name) / "partition"
-    out.mkdir(parents=True, exist_ok=True)
+                         max_test_examples=config.data.max_test_examples, task=config.task)
     data = partition_input(loaded, "train")
-    part = partition_cached(build_partitioner(config.partition), data, num_clients_of(config),
+    part = partition_cached(build_partitioner(config.partition), data, config.num_clients(),
                             config.seed, Path(config.output_dir) / ".cache")
-    summary = write_partition_report(out, part, data, loaded.label_names)
+    summary = write_partition_report(out, part, data, partition_labels(loaded, "train")[1])
     for key, value in summary.items():
         print(f"{key}: {value}")
     return out
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Say in one line why ``path`` (a directory) cannot be written, before any data is read, so a mistyped
+    or read-only output directory costs nothing. Nothing is created: a run that then fails on its config or
+    data leaves no empty directory behind."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"cannot write {what} {path}: {existing} is not a directory; choose a writable directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {what} {path}: permission denied on {existing}; choose a writable directory")
 
 
 def _run_dirs(paths: list[Path]) -> list[Path]:
@@ -59,29 +75,43 @@ def _config_value(run_dir: Path, dotted: str) -> str:
 
 def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | None = None,
                 headline: str | None = None) -> str:
-    """A comparison table of finished runs (or a rows x cols pivot of their final metric); redraws curves."""
+    """A comparison table of finished runs (or a rows x cols pivot of their final metric); redraws curves (for
+    one grid, its comparison.png too). Runs whose configs differ only in their seed are one setting: mean ± sd
+    over the seeds, and verdicts."""
     import json
 
     import yaml
 
     from fedlm.run.downstream import downstream_scores
     from fedlm.run.recorder import read_metrics
-    from fedlm.run.report import markdown_table, pivot_table, plot_run, summarize
+    from fedlm.run.report import pivot_table, plot_grid, plot_run, summarize
+    from fedlm.run.seeds import SeededRow, merge_cells, seeded_table, setting_key, setting_label
     from fedlm.tasks import get_task
 
-    rows, cells = [], []
+    rows, cells, keys = [], [], []
+    curves: dict[str, tuple[str, list[list[dict]]]] = {}
+    target, direction, split = "", "max", "test"
     for run_dir in _run_dirs(paths):
         target, direction = get_task(json.loads((run_dir / "data.json").read_text())["task"]).target_metric()
         records = read_metrics(run_dir)
         plot_run(records, target, run_dir, run_dir.name)
-        evaluation = yaml.safe_load((run_dir / "config.yaml").read_text()).get("eval", {})
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        evaluation = config.get("eval", {})
         split = headline or evaluation.get("headline", "test")
         summary = summarize(records, target, direction, evaluation.get("target"), split)
-        rows.append({"run": run_dir.name, **summary, **downstream_scores(run_dir)})
-        if rows_key and cols_key:
-            cells.append((_config_value(run_dir, rows_key), _config_value(run_dir, cols_key), summary, target))
-    text = markdown_table(rows)
+        pivot = bool(rows_key and cols_key)
+        group = _config_value(run_dir, rows_key) if pivot else ""
+        key, label = setting_key(config), setting_label(run_dir.name) or run_dir.parent.name  # 'seed=1': a grid's
+        rows.append(SeededRow(label, group, {"run": run_dir.name, **summary, **downstream_scores(run_dir)}, key))
+        curves.setdefault(key, (label, []))[1].append(records)
+        if pivot:
+            cells.append((group, _config_value(run_dir, cols_key), summary, target))
+            keys.append(key)
+    if len(paths) == 1 and (paths[0] / "grid.yaml").is_file() and curves:
+        plot_grid(list(curves.values()), target, paths[0] / "comparison.png", f"{paths[0].name}: {target} per round",
+                  split)
+    text = seeded_table(rows, target, direction) if rows else "(no runs)\n"
     if cells:
-        text += "\n" + pivot_table(cells)
+        text += "\n" + pivot_table(merge_cells(cells, keys))
     print(text)
     return text

@@ -26,7 +26,7 @@ def trunk_serve(args: argparse.Namespace) -> int:
     client_ca = read_pem(args.client_ca, "--client-ca") if args.client_ca else None
     if client_ca is not None and tls is None:
         raise UserError("--client-ca needs --tls-cert and --tls-key")
-    if args.max_message_mb <= 0 or args.stream_timeout_s <= 0:
+    if (args.max_message_mb is not None and args.max_message_mb <= 0) or args.stream_timeout_s <= 0:
         raise UserError("--max-message-mb and --stream-timeout-s must be > 0")
 
     from fedlm.config import load_config
@@ -51,9 +51,10 @@ def trunk_serve(args: argparse.Namespace) -> int:
     model = prepare(config, resolve_data_dir(args.data_dir)).model.train()
     split = split_model(model, spec)
     settings = LocalSettings.from_config(config.train)
-    backend = build_trunk_backend(split, spec, settings)
+    backend = build_trunk_backend(split, spec, settings, config.model.max_length)
+    max_bytes = None if args.max_message_mb is None else int(args.max_message_mb * 2**20)  # None: the trunk's limits
     server = serve_trunk(backend, args.address, tokens=tokens, tls=tls, client_ca_pem=client_ca,
-                         max_message_bytes=int(args.max_message_mb * 2**20), stream_timeout_s=args.stream_timeout_s)
+                         max_message_bytes=max_bytes, stream_timeout_s=args.stream_timeout_s)
     clipping = "no clipping" if settings.max_grad_norm is None else f"gradient norm clipped at {settings.max_grad_norm}"
     print(f"trunk of {config.name} ({len(split.trunk.blocks)} blocks after {spec.bottom_blocks} client blocks, "
           f"activations in {spec.activation_dtype}, {clipping}) serving on port {server.port}; Ctrl-C stops")

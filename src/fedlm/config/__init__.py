@@ -16,7 +16,7 @@ from fedlm.config.experiment import (
     set_dotted,
     validate,
 )
-from fedlm.config.grid import downstream_config, expand_grid, is_named_axis, section_label
+from fedlm.config.grid import GridRun, downstream_config, expand_grid, expand_runs, is_named_axis, section_label
 from fedlm.config.partition import (
     ClusteredPartitionConfig,
     FdaptLengthConfig,
@@ -31,10 +31,13 @@ from fedlm.config.partition import (
     ScoreRangesConfig,
 )
 from fedlm.config.sections import (
+    AdapterConfig,
     DataConfig,
     EvalConfig,
     FreezeWindowConfig,
+    GenerationConfig,
     ModelConfig,
+    PrivacyConfig,
     ProtocolConfig,
     SharingConfig,
     SplitConfig,
@@ -42,6 +45,7 @@ from fedlm.config.sections import (
 )
 
 __all__ = [
+    "AdapterConfig",
     "ClusteredPartitionConfig",
     "DataConfig",
     "EvalConfig",
@@ -50,12 +54,15 @@ __all__ = [
     "FdaptQuantityConfig",
     "FdaptVocabConfig",
     "FreezeWindowConfig",
+    "GenerationConfig",
+    "GridRun",
     "IidPartitionConfig",
     "LabelDirichletConfig",
     "LabelMixConfig",
     "ModelConfig",
     "NaturalPartitionConfig",
     "PartitionConfig",
+    "PrivacyConfig",
     "ProtocolConfig",
     "QuantityDirichletConfig",
     "ScoreRangesConfig",
@@ -65,6 +72,7 @@ __all__ = [
     "downstream_config",
     "dump_config",
     "expand_grid",
+    "expand_runs",
     "is_named_axis",
     "load_config",
     "parse_override",

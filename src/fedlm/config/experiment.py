@@ -18,9 +18,12 @@ from pydantic import (
 
 from fedlm.config.partition import IidPartitionConfig, PartitionConfig, PartitionSection
 from fedlm.config.sections import (
+    AdapterConfig,
     DataConfig,
     EvalConfig,
+    GenerationConfig,
     ModelConfig,
+    PrivacyConfig,
     ProtocolConfig,
     Section,
     SharingConfig,
@@ -29,13 +32,22 @@ from fedlm.config.sections import (
 )
 from fedlm.errors import UserError
 
+# model families whose per-example gradients Opacus computes (tests/test_privacy.py trains each); the tasks it
+# supports are checked once the task is known (fedlm.federation.dp_sgd)
+SAMPLE_DP_FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama")
+
 
 class ExperimentConfig(Section):
     name: str = "run"
     tags: dict[str, str] = Field(default_factory=dict, description="labels; a named grid axis writes its own here")
     seed: int = 0
+    seeds: list[int] = Field(
+        default_factory=list, description="run every configuration once per seed (or give grid.seed); tables show "
+                                          "mean ± sd over the seeds and say 'within noise' where 95% t-intervals "
+                                          "overlap")
     output_dir: str = "runs"
-    task: Literal["auto", "mlm", "clm", "classification", "regression"] = "auto"
+    task: Literal["auto", "mlm", "clm", "classification", "regression", "seq2seq", "tagging",
+                  "qa"] = "auto"
     data: DataConfig
     partition: PartitionConfig = Field(default_factory=IidPartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -43,7 +55,13 @@ class ExperimentConfig(Section):
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
     sharing: SharingConfig = Field(default_factory=SharingConfig)
     split: SplitConfig | None = Field(None, description="set to train by federated split learning")
+    adapter: AdapterConfig | None = Field(
+        None, description="train a peft adapter (lora, prefix, p_tuning_v2, ia3) on a frozen base, not the whole "
+                          "model")
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig, description="differential privacy: client-level "
+                                   "DP-FedAvg or sample-level DP-SGD, with epsilon reported every round")
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="seq2seq decoding")
     checkpoint_every: int = Field(1, ge=1)
     report_to: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="experiment trackers that also get every round's metrics: tensorboard "
@@ -66,14 +84,59 @@ class ExperimentConfig(Section):
                                  "(set protocol.kind: fedavg, or remove the split section)")
             if self.sharing != SharingConfig():
                 raise ValueError("split.client_parts decides what clients share; remove the sharing section")
+            if self.model.family in ("t5", "bart"):
+                raise ValueError(f"split learning cuts one stack of blocks, and {self.model.family} is an "
+                                 "encoder-decoder (its decoder attends to the encoder's output in every block); "
+                                 "use a decoder-only family (gpt2, llama) for split seq2seq, or remove the split "
+                                 "section")
+            if self.adapter is not None and self.adapter.kind in ("prefix", "p_tuning_v2"):
+                raise ValueError(f"adapter.kind {self.adapter.kind} does not run through a split model yet (its "
+                                 "prefixes enter every block's attention cache); use adapter.kind lora or ia3, "
+                                 "or remove the split section")
         sampled = self.protocol.clients_per_round
         if sampled is not None and self.protocol.kind not in ("centralized", "isolated") and (
                 sampled > self.partition.num_clients):
             raise ValueError(f"protocol.clients_per_round = {sampled} but partition.num_clients = "
                              f"{self.partition.num_clients}: a round cannot sample more clients than there are")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds = {self.seeds} repeats a seed; list each seed once")
+        if self.seeds and "seed" in self.grid:
+            raise ValueError("seeds and grid.seed both set the seeds; keep one of them")
+        if self.adapter is not None and self.downstream:
+            raise ValueError("downstream fine-tuning starts from a whole saved model, but with an adapter the run "
+                             "saves the adapter; remove downstream or the adapter section")
+        self._check_privacy()
         if not self.name.strip(". "):
             raise ValueError(f"name = {self.name!r} would write outside output_dir; give the run a name")
         return self
+
+    def _check_privacy(self) -> None:
+        """What each kind of DP runs with: client level needs a server average to noise, sample level Opacus'
+        per-example gradients (fp32, no proximal term)."""
+        kind = self.privacy.kind
+        if kind == "none":
+            return
+        if self.split is not None:
+            raise ValueError(f"privacy.kind {kind} is not offered for split learning (the trunk sees activations, "
+                             "not updates); remove the split section or set privacy.kind none")
+        if kind == "client" and self.protocol.kind in ("centralized", "isolated"):
+            raise ValueError(f"privacy.kind client noises the server's average of client updates, and protocol.kind "
+                             f"{self.protocol.kind} has none; use fedavg, fedprox or fedopt, or privacy.kind sample")
+        if kind == "sample":
+            if self.protocol.kind == "fedprox":
+                raise ValueError("privacy.kind sample (DP-SGD) cannot add FedProx's proximal term to its clipped "
+                                 "per-example gradients; use protocol.kind fedavg or fedopt, or privacy.kind client")
+            if self.train.precision != "fp32":
+                raise ValueError(f"privacy.kind sample (DP-SGD) trains in fp32; train.precision is "
+                                 f"{self.train.precision}: set train.precision fp32")
+            if self.model.family not in SAMPLE_DP_FAMILIES or self.task in ("mlm", "seq2seq", "qa"):
+                raise ValueError(f"privacy.kind sample (Opacus DP-SGD) supports classification, regression, tagging "
+                                 f"and clm with {', '.join(SAMPLE_DP_FAMILIES)} (not {self.model.family} / task "
+                                 f"{self.task}); use privacy.kind client")
+
+    def num_clients(self) -> int:
+        """Clients the training data is partitioned among: one for centralized training."""
+        return 1 if self.protocol.kind == "centralized" else self.partition.num_clients
 
 
 def format_error(err: ValidationError, within: tuple[str, ...] = ()) -> str:

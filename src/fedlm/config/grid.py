@@ -1,9 +1,10 @@
-"""Grids, baselines and downstream runs: one config expanded into many, each labelled."""
+"""Grids, baselines, seeds and downstream runs: one config expanded into many, each labelled."""
 
 from __future__ import annotations
 
 import copy
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import (
@@ -31,16 +32,39 @@ def _axis_value(where: str, value: Any) -> tuple[dict[str, Any], str]:
     return overrides, str(value.get("label", _label(overrides)))
 
 
+@dataclass(frozen=True)
+class GridRun:
+    """One run of a grid. Runs with one ``setting`` differ only in their seed (their scores are averaged); runs
+    with one ``group`` differ in the grid's last axis (a verdict compares them); a baseline's group is None, as
+    it is compared within every group."""
+
+    label: str  # the run's own label, seed included: 'method=fedavg,seed=1' (its directory is this, slugged)
+    config: ExperimentConfig
+    setting: str  # the label without the seed
+    group: str | None  # the label without the seed and the last axis
+    seed: int | None  # None when the config lists no seeds
+
+
 def expand_grid(config: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
-    """Every combination of the grid's values, each as (label, config); no grid -> the config itself."""
-    if not config.grid and not config.baselines:
-        return [("", config)]
+    """Every combination of the grid's values (and every seed), each as (label, config); no grid and no seeds ->
+    the config itself."""
+    return [(run.label, run.config) for run in expand_runs(config)]
+
+
+def expand_runs(config: ExperimentConfig) -> list[GridRun]:
+    """``expand_grid`` with what each run shares with the others. With seeds, every setting runs under the
+    first seed before any runs under the second, so an interrupted grid still compares every setting."""
+    seeds = list(config.seeds) or _grid_seeds(config.grid.get("seed"))
+    grid = {k: v for k, v in config.grid.items() if k != "seed"}
+    if not grid and not config.baselines and not seeds:
+        return [GridRun("", config, "", "", None)]
     base = config.model_dump()
-    base["grid"], base["baselines"] = {}, []
-    keys = list(config.grid)
-    runs = []
-    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*config.grid.values())]
-    for choice in (combos if keys else []) + [{"": b} for b in config.baselines]:
+    base["grid"], base["baselines"], base["seeds"] = {}, [], []
+    keys = list(grid)
+    # no grid axes: one combination, the config itself (beside its baselines, or under each seed)
+    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
+    settings = []
+    for choice in combos + [{"": b} for b in config.baselines]:
         raw = copy.deepcopy(base)
         overrides: dict[str, Any] = {}
         labels: list[str] = []
@@ -59,8 +83,27 @@ def expand_grid(config: ExperimentConfig) -> list[tuple[str, ExperimentConfig]]:
                 labels.append(_label({key: value}))
         for key, value in overrides.items():
             set_dotted(raw, key.split("."), value)
-        runs.append((",".join(labels), validate(raw)))
+        if not choice and config.baselines:
+            labels.append(config.protocol.kind)  # the config itself beside its baselines: named by its protocol
+        group = None if "" in choice else ",".join(labels[:-1])
+        settings.append((",".join(labels), group, raw))
+    if not seeds:
+        return [GridRun(label, validate(raw), label, group, None) for label, group, raw in settings]
+    runs = []
+    for seed in seeds:
+        for label, group, raw in settings:
+            seeded = {**raw, "seed": seed}
+            runs.append(GridRun(",".join(filter(None, [label, f"seed={seed}"])), validate(seeded), label, group, seed))
     return runs
+
+
+def _grid_seeds(values: list[Any] | None) -> list[int]:
+    """grid.seed as a list of seeds (each an integer, each once)."""
+    if values is None:
+        return []
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or len(set(values)) != len(values):
+        raise UserError(f"config error: grid.seed = {values!r}: give distinct integer seeds, e.g. [0, 1, 2]")
+    return list(values)
 
 
 def section_label(section: dict[str, Any]) -> str:

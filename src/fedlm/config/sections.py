@@ -28,11 +28,18 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    family: Literal["bert", "roberta", "distilbert", "gpt2", "llama"] = "bert"
+    family: str = Field("bert", description="a transformers model_type: bert, roberta, distilbert, gpt2, llama, t5, "
+                        "bart (trained tokenizers), or any other with a checkpoint (mistral, qwen2, gemma3_text ...)")
     preset: Literal["tiny", "small", "base"] | None = "tiny"
     checkpoint: str | None = Field(None, description="'minilm', a local directory, or a hub name")
     vocab_size: int = Field(8000, ge=100)
     max_length: int = Field(128, ge=8, le=4096)
+    doc_stride: int = Field(32, ge=0, description="qa: context tokens shared by consecutive windows of a long "
+                                                  "context (an answer cut by one window's edge is whole in the next)")
+    pooling: Literal["auto", "first", "mean"] = Field(
+        "auto", description="classification / regression: what the head reads. first: the family's own (first "
+                            "token, last for decoders); mean: the mean of the token states (encoders); auto: mean "
+                            "for a sentence-transformers checkpoint that pools by mean (e.g. minilm), else first")
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -47,6 +54,8 @@ class TrainConfig(Section):
     local_epochs: int = Field(1, ge=1)
     local_steps: int | None = Field(None, ge=1, description="if set, overrides local_epochs")
     max_grad_norm: float | None = Field(1.0, gt=0.0)
+    group_by_length: bool = Field(False, description="batch examples of similar length together (shuffled "
+                                  "groups, as transformers' group_by_length): far less padding on short texts")
     mask_rate: float = Field(0.15, gt=0.0, lt=1.0, description="masked LM: share of tokens a training step "
                              "predicts (evaluation always masks 15%); 0.4 trains small models faster")
     device: str = Field("auto", description="auto (CUDA if present, else MPS, else CPU) | cpu | cuda | cuda:N | mps: "
@@ -86,6 +95,45 @@ class ProtocolConfig(Section):
     def _block_size_needs_int8(self) -> ProtocolConfig:
         if self.codec_block_size is not None and self.codec != "int8":
             raise ValueError(f"codec_block_size is for codec int8 (codec is {self.codec}); remove it or use int8")
+        return self
+
+
+ADAPTER_KEYS = {"lora": {"r", "alpha", "dropout", "target_modules", "save_merged"},
+                "ia3": {"target_modules", "feedforward_modules", "save_merged"},
+                "prefix": {"prefix_length", "projection", "projection_size"},
+                "p_tuning_v2": {"prefix_length"}}
+
+
+class AdapterConfig(Section):
+    """Parameter-efficient fine-tuning (peft): only the adapter (and the task head, if ``train_head``) trains
+    and travels; the base model stays frozen. ``prefix`` reparameterises its prefixes through an MLP
+    (``projection``), ``p_tuning_v2`` trains them directly."""
+
+    kind: Literal["lora", "prefix", "p_tuning_v2", "ia3"]
+    r: int = Field(8, ge=1, description="LoRA rank")
+    alpha: float = Field(16.0, gt=0.0, description="LoRA scale numerator: the update is (alpha / r) B A")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout on the adapter's input")
+    target_modules: list[str] | Literal["all-linear"] | None = Field(
+        None, description="module names (suffixes) to adapt, or all-linear (every linear layer in the blocks); "
+                          "null: peft's default for the family")
+    feedforward_modules: list[str] | None = Field(None, description="IA3: which targets scale their input (MLP)")
+    prefix_length: int = Field(16, ge=1, description="virtual tokens prepended to every block's keys/values")
+    projection: bool = Field(True, description="prefix: produce the prefixes by an MLP from a smaller embedding")
+    projection_size: int | None = Field(None, ge=1, description="prefix: the MLP's hidden width (null: model width)")
+    train_head: bool | None = Field(None, description="also train (and send) the task head; null: yes for "
+                                                      "classification, regression, tagging and qa, no for "
+                                                      "language modelling (tied heads)")
+    save_merged: bool = Field(False, description="also save the base with the adapter merged in (model/merged)")
+
+    @model_validator(mode="after")
+    def _keys_of_kind(self) -> AdapterConfig:
+        allowed = ADAPTER_KEYS[self.kind] | {"kind", "train_head"}
+        # keys left at their defaults pass, so a dumped config (every key written out) validates again
+        stray = sorted(name for name, spec in type(self).model_fields.items()
+                       if name not in allowed and getattr(self, name) != spec.default)
+        if stray:
+            raise ValueError(f"{', '.join(stray)} not used by adapter.kind {self.kind} (its keys: "
+                             f"{', '.join(sorted(allowed))})")
         return self
 
 
@@ -135,6 +183,30 @@ class SplitConfig(Section):
                              "'logically centralized' Head-Emd Share); needs one trunk, not trunk_mode: parallel")
 
 
+class PrivacyConfig(Section):
+    """Differential privacy: client level (DP-FedAvg: each client's update clipped, noise on the server's sum) or
+    sample level (DP-SGD inside each client, through Opacus); epsilon at ``delta`` is reported every round."""
+
+    kind: Literal["none", "client", "sample"] = Field(
+        "none", description="none | client (protects a client's whole contribution) | sample (one example's)")
+    noise_multiplier: float = Field(1.0, ge=0.0, description="z: the Gaussian noise's std in units of the clipping "
+                                                             "norm (0: clipping only, epsilon unbounded)")
+    clip: float = Field(1.0, gt=0.0, description="client: C, the L2 bound of one client's update (over the "
+                                                 "parameters that travel)")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="sample: the L2 bound of one example's gradient")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="the delta epsilon is reported at")
+    accountant: Literal["rdp", "prv"] = Field("rdp", description="Opacus' accountant: rdp (Renyi DP) | prv (PRV)")
+
+
+class GenerationConfig(Section):
+    """Decoding for seq2seq evaluation (transformers' ``generate``, no sampling)."""
+
+    num_beams: int = Field(1, ge=1, description="1: greedy decoding; more: beam search with this many beams")
+    max_new_tokens: int = Field(
+        64, ge=1, description="length limit of a generated target; training targets are cut to it too, since "
+                              "tokens past it could never be produced")
+
+
 class EvalConfig(Section):
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last)")
     local: bool = True
@@ -142,3 +214,4 @@ class EvalConfig(Section):
     target: float | None = Field(None, description="report the bytes needed to first reach this headline score")
     headline: Literal["test", "local"] = Field(
         "test", description="score runs by the shared test split, or by the clients' means on their local splits")
+    max_answer_length: int = Field(30, ge=1, description="qa: the longest answer span predicted, in tokens")

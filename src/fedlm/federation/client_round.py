@@ -3,14 +3,19 @@
 decode what the server sent -> put the client's own local parameters back -> freeze this round's frozen
 parameters -> train -> refuse a non-finite update -> encode the trained global part for upload; the local
 part stays with the client and frozen parameters are not sent back.
+
+A round with ``client_timeout_s`` runs each client's work through :func:`call_with_deadline`, which stops
+waiting at the deadline whatever the client is doing (a step that never ends included).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 
@@ -23,9 +28,43 @@ from fedlm.tasks import Task
 
 log = logging.getLogger("fedlm")
 
+T = TypeVar("T")
+
 
 class NonFiniteUpdate(RuntimeError):
     """A client's training produced NaN or Inf: its update must not reach the aggregate."""
+
+
+class ClientAbandoned(ClientTimeout):
+    """A client was still at work at its deadline and was cut off; it keeps the objects it was given."""
+
+
+def call_with_deadline(work: Callable[[], T], timeout_s: float | None, name: str = "fedlm-client") -> T:
+    """``work()``, run in a worker thread that is waited for at most ``timeout_s`` (None: inline, no limit).
+
+    At the deadline the worker is abandoned and :class:`ClientAbandoned` raised; whatever it returns or
+    raises later is dropped. It cannot be stopped from outside, so it keeps running until local training's
+    own deadline check between steps ends it: callers must give it objects (a model, an optimizer) that
+    nobody uses after it is abandoned. A daemon thread, so one that never returns does not hold the
+    process open."""
+    if not timeout_s:
+        return work()
+    outcome: dict[str, T | BaseException] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the caller, or dropped if it gave up on this worker
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise ClientAbandoned(f"still working at its {timeout_s:g}s deadline; abandoned")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
 
 
 @contextmanager
@@ -40,6 +79,18 @@ def frozen(model: torch.nn.Module, names: Sequence[str]) -> Iterator[None]:
     finally:
         for p in touched:
             p.requires_grad_(True)
+
+
+def stop_at_next_module(model: torch.nn.Module) -> None:
+    """Make every later call of ``model``'s modules raise :class:`ClientAbandoned`, so an abandoned worker
+    that comes back from a stuck step stops at its next module instead of computing (and drawing from
+    torch's global random generator) alongside the clients after it. For a model nobody uses again."""
+
+    def refuse(module: torch.nn.Module, args: object) -> None:
+        raise ClientAbandoned(f"{type(module).__name__} called after its client was abandoned")
+
+    for module in model.modules():
+        module.register_forward_pre_hook(refuse)
 
 
 def finite_update(model: torch.nn.Module, names: Sequence[str], metrics: dict[str, float]) -> NamedTensors:

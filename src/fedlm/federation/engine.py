@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.local_training import LocalSettings, local_seed
@@ -72,6 +72,14 @@ class RoundFailed(RuntimeError):
     def __init__(self, message: str, record: dict[str, Any]) -> None:
         super().__init__(message)
         self.record = record
+
+
+@runtime_checkable
+class RoundAccounting(Protocol):
+    """A strategy that also keeps a ledger per round (differential privacy's epsilon): ``account`` is told the
+    round's updates once it is aggregated, and what it returns joins the round's record."""
+
+    def account(self, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -169,6 +177,8 @@ class RoundEngine:
                 global_params = {**global_params, **self.hooks.server_params()}
         record = self._round_record(round_idx, reports, failures, (download_bytes, download_meta), sent.total_bytes)
         record["train_s"] = train_s
+        if isinstance(self.strategy, RoundAccounting):
+            record.update(self.strategy.account(round_idx, updates))
         if self._due(round_idx, self.plan.eval_every) and self.hooks.evaluate is not None:
             record.update(self.hooks.evaluate(round_idx, global_params, [u.client_id for u in updates]))
         record["wall_s"] = time.perf_counter() - started

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from fedlm.config import TrainConfig
+from fedlm.federation.dp_sgd import dp_sgd, fill_unused
 from fedlm.federation.params import NamedTensors
 from fedlm.models.device import autocast, grad_scaler, model_device
 from fedlm.tasks import Task
@@ -40,8 +41,11 @@ class LocalSettings:
     local_epochs: int = 1
     local_steps: int | None = None
     max_grad_norm: float | None = 1.0
+    group_by_length: bool = False
     precision: str = "fp32"  # train.precision; the device is the model's own (see fedlm.run.prepare)
     mu: float = 0.0
+    dp_noise_multiplier: float | None = None  # privacy.kind sample: DP-SGD through Opacus (None: plain training)
+    dp_max_grad_norm: float = 1.0  # ... each example's gradient clipped to this L2 norm
 
     @classmethod
     def from_config(cls, train: TrainConfig, extra: dict[str, Any] | None = None) -> LocalSettings:
@@ -57,19 +61,51 @@ def make_optimizer(params: list[torch.nn.Parameter], settings: LocalSettings) ->
     return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
-def batch_order(num_rows: int, settings: LocalSettings, generator: torch.Generator) -> list[list[int]]:
-    """Batches of row indices: shuffled each epoch; local_steps (if set) cycles epochs until reached."""
+def batch_order(num_rows: int, settings: LocalSettings, generator: torch.Generator,
+                lengths: Sequence[int] | None = None) -> list[list[int]]:
+    """Batches of row indices: shuffled each epoch; local_steps (if set) cycles epochs until reached.
+
+    With ``settings.group_by_length`` and the rows' ``lengths``, each epoch's shuffled order is cut into
+    megabatches of ``MEGABATCH`` batches, each sorted by length before it is cut into batches, and the
+    batches are then shuffled: batches hold examples of similar length, so dynamic padding wastes little
+    (SST-2 sentences: 2.6-3x fewer padded tokens), while which examples meet in a batch stays random.
+    The number of batches is the same either way.
+    """
+    grouped = settings.group_by_length and lengths is not None
     batches: list[list[int]] = []
     epochs = settings.local_epochs
     while True:
         for _ in range(epochs):
             order = torch.randperm(num_rows, generator=generator).tolist()
-            batches.extend(order[i:i + settings.batch_size] for i in range(0, num_rows, settings.batch_size))
+            batches.extend(_length_grouped(order, lengths, settings.batch_size, generator) if grouped
+                           else _cut(order, settings.batch_size))
         if settings.local_steps is None:
             return batches
         if len(batches) >= settings.local_steps:
             return batches[: settings.local_steps]
         epochs = 1
+
+
+MEGABATCH = 50  # batches per length-sorted group, as in transformers' LengthGroupedSampler
+
+
+def _cut(order: list[int], batch_size: int) -> list[list[int]]:
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _length_grouped(order: list[int], lengths: Sequence[int], batch_size: int,
+                    generator: torch.Generator) -> list[list[int]]:
+    span = MEGABATCH * batch_size
+    batches = [batch for start in range(0, len(order), span)
+               for batch in _cut(sorted(order[start:start + span], key=lambda i: -lengths[i]), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def row_lengths(rows: Sequence[dict]) -> list[int] | None:
+    """Token counts of pre-tokenized rows (None for rows without ``input_ids``), for ``batch_order``."""
+    if not rows or "input_ids" not in rows[0]:
+        return None
+    return [len(row["input_ids"]) for row in rows]
 
 
 def proximal_term(model: torch.nn.Module, anchor: NamedTensors) -> torch.Tensor:
@@ -121,6 +157,8 @@ def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], sett
                   seed: int, anchor: NamedTensors | None = None, deadline: float | None = None,
                   on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """Train ``model`` in place on ``rows`` (pre-tokenized examples); return train loss and counts."""
+    if settings.dp_noise_multiplier is not None:
+        return train_privately(model, task, rows, settings, seed=seed, deadline=deadline, on_step=on_step)
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout
     model.train()
@@ -131,7 +169,8 @@ def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], sett
     anchor = {n: a.to(device) for n, a in anchor.items()} if settings.mu > 0 and anchor is not None else None
     use_prox = anchor is not None
     tally = LossTally()
-    for batch_rows in batch_order(len(rows), settings, generator):
+    lengths = row_lengths(rows) if settings.group_by_length else None
+    for batch_rows in batch_order(len(rows), settings, generator, lengths):
         check_deadline(deadline, tally.steps)
         batch = task.collate([rows[i] for i in batch_rows], generator)
         with autocast(device, settings.precision):
@@ -143,4 +182,33 @@ def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], sett
         tally.add(loss, count)
         if on_step is not None:
             on_step()
+    return tally.metrics(len(rows))
+
+
+def train_privately(model: torch.nn.Module, task: Task, rows: Sequence[dict], settings: LocalSettings, *,
+                    seed: int, deadline: float | None = None,
+                    on_step: Callable[[], None] | None = None) -> dict[str, float]:
+    """``train_locally`` as DP-SGD (privacy.kind sample): the same batches, each example's gradient clipped to
+    ``dp_max_grad_norm`` and Gaussian noise added by Opacus' DPOptimizer (fp32, no proximal term: the config
+    refuses both). ``steps`` in the result is what the privacy accountant composes over."""
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    tally = LossTally()
+    with dp_sgd(model, make_optimizer(trainable, settings), noise_multiplier=float(settings.dp_noise_multiplier),
+                max_grad_norm=settings.dp_max_grad_norm, batch_size=min(settings.batch_size, len(rows)),
+                seed=local_seed(seed, 0, 0x5347)) as (optimizer, size):
+        for batch_rows in batch_order(len(rows), settings, generator):
+            check_deadline(deadline, tally.steps)
+            batch = task.collate([rows[i] for i in batch_rows], generator)
+            size.of(batch)
+            loss, count = task.loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            fill_unused(optimizer, size.value)
+            optimizer.step()
+            tally.add(loss, count)
+            if on_step is not None:
+                on_step()
     return tally.metrics(len(rows))

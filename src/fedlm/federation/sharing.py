@@ -1,12 +1,14 @@
 """Which parameters travel: each trainable parameter is global (sent, aggregated), local (trained, kept by its
 client, never sent) or frozen (not trained, no gradient, not sent), per client and per round.
 
-Parameters are picked by selectors that mean the same in every supported family because one naming rule
-(``layer_of``) resolves them, not per-architecture attribute paths:
+Parameters are picked by selectors that mean the same in every family because each parameter's group is
+found on the loaded model (``fedlm.models.introspect.parameter_groups``: its block ModuleList, its input
+embeddings), not by per-architecture attribute paths; without a model, ``layer_of`` guesses from the name:
 
-* ``embeddings``: token/position/type embeddings (``*embed*``, GPT-2's ``wte``/``wpe``);
+* ``embeddings``: token/position/type embeddings and what runs before the first block;
 * ``head``: everything after the last block (pooler, classifier, LM head, final norm);
-* ``block N`` / ``blocks A-B``: transformer blocks, counted from 1 as the papers do;
+* ``block N`` / ``blocks A-B``: transformer blocks, counted from 1 as the papers do; an encoder-decoder's
+  blocks are counted encoder first, then decoder (t5 with 2 + 2 blocks: blocks 1-2 encoder, 3-4 decoder);
 * ``re:PATTERN``: a regular expression searched in the parameter name.
 
 FedSplitBERT's critical layer c makes the embeddings and blocks 1..c global and the rest local (c = 0:
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fedlm.config import SharingConfig
@@ -30,21 +32,28 @@ _RANGE = re.compile(r"^blocks?\s+(\d+)(?:\s*-\s*(\d+))?$")
 EMBEDDINGS = "embeddings"
 HEAD = "head"
 
+Groups = Mapping[str, str | int]  # parameter name -> 0-based block index, 'embeddings' or 'head'
+
 
 def layer_of(name: str) -> str | int:
-    """The 0-based block index of a parameter, or 'embeddings', or 'head' (anything outside the blocks)."""
+    """The 0-based block index of a parameter, or 'embeddings', or 'head' (anything outside the blocks),
+    guessed from the name alone (common HF attribute names); prefer the model's ``parameter_groups``."""
     match = _BLOCK.search(name)
     if match:
         return int(match.group(1))
     return EMBEDDINGS if _EMBEDDING.search(name) else HEAD
 
 
-def num_blocks(names: Iterable[str]) -> int:
-    indices = [g for g in map(layer_of, names) if isinstance(g, int)]
+def _group(name: str, groups: Groups | None) -> str | int:
+    return groups[name] if groups is not None and name in groups else layer_of(name)
+
+
+def num_blocks(names: Iterable[str], groups: Groups | None = None) -> int:
+    indices = [g for g in (_group(n, groups) for n in names) if isinstance(g, int)]
     return max(indices) + 1 if indices else 0
 
 
-def select(selector: str, names: Sequence[str], where: str) -> list[str]:
+def select(selector: str, names: Sequence[str], where: str, groups: Groups | None = None) -> list[str]:
     """The names a selector picks, in model order; a selector that picks nothing is a config mistake."""
     text = selector.strip()
     if text.startswith("re:"):
@@ -54,7 +63,7 @@ def select(selector: str, names: Sequence[str], where: str) -> list[str]:
             raise UserError(f"{where}: {selector!r} is not a valid regular expression ({exc})") from None
         picked = [n for n in names if pattern.search(n)]
     elif text in (EMBEDDINGS, HEAD):
-        picked = [n for n in names if layer_of(n) == text]
+        picked = [n for n in names if _group(n, groups) == text]
     else:
         match = _RANGE.match(text)
         if not match:
@@ -63,10 +72,10 @@ def select(selector: str, names: Sequence[str], where: str) -> list[str]:
         first = int(match.group(1))
         last = int(match.group(2) or first)
         blocks = set(range(first - 1, last))
-        picked = [n for n in names if layer_of(n) in blocks]
+        picked = [n for n in names if _group(n, groups) in blocks]
     if not picked:
         raise UserError(f"{where}: selector {selector!r} matches no trainable parameter of this model "
-                        f"({num_blocks(names)} blocks)")
+                        f"({num_blocks(names, groups)} blocks)")
     return picked
 
 
@@ -113,6 +122,7 @@ class SharingPolicy:
     local_names: list[str]
     frozen_names: list[str] = field(default_factory=list)
     window: FreezeWindow | None = None
+    groups: Groups | None = None  # the model's parameter groups; None: guessed from names (``layer_of``)
 
     @property
     def personalized(self) -> bool:
@@ -124,16 +134,21 @@ class SharingPolicy:
         if self.window is None:
             return ()
         blocks = set(self.window.frozen_blocks(round_idx, clients, client_id))
-        return tuple(n for n in self.global_names + self.local_names if layer_of(n) in blocks)
+        return tuple(n for n in self.global_names + self.local_names if self.group(n) in blocks)
+
+    def group(self, name: str) -> str | int:
+        """The parameter's block index, 'embeddings' or 'head'."""
+        return _group(name, self.groups)
 
 
 def build_policy(sharing: SharingConfig, protocol_kind: str, names: Sequence[str],
-                 client_sizes: dict[int, int]) -> SharingPolicy:
-    """Resolve the config's ``sharing`` section against the model's trainable parameter names."""
-    blocks = num_blocks(names)
+                 client_sizes: dict[int, int], groups: Groups | None = None) -> SharingPolicy:
+    """Resolve the config's ``sharing`` section against the model's trainable parameter names and, when
+    given, its parameter groups (``fedlm.models.introspect.parameter_groups``)."""
+    blocks = num_blocks(names, groups)
     frozen: list[str] = []
     for selector in sharing.frozen:
-        frozen.extend(n for n in select(selector, names, "sharing.frozen") if n not in frozen)
+        frozen.extend(n for n in select(selector, names, "sharing.frozen", groups) if n not in frozen)
     trainable = [n for n in names if n not in frozen]
     critical = sharing.critical_layer
     if critical is not None and not 0 <= critical <= blocks:
@@ -148,13 +163,13 @@ def build_policy(sharing: SharingConfig, protocol_kind: str, names: Sequence[str
         global_names = []
     else:
         shared_groups = {EMBEDDINGS, *range(critical)}
-        global_names = [n for n in trainable if layer_of(n) in shared_groups]
+        global_names = [n for n in trainable if _group(n, groups) in shared_groups]
     for selector in sharing.local:
-        picked = set(select(selector, names, "sharing.local"))
+        picked = set(select(selector, names, "sharing.local", groups))
         global_names = [n for n in global_names if n not in picked]
     local_names = [n for n in trainable if n not in global_names]
     window = None
     spec = sharing.freeze_window
     if spec is not None and protocol_kind != "centralized":
         window = FreezeWindow(spec.epsilon, spec.gamma, blocks, dict(client_sizes))
-    return SharingPolicy(global_names, local_names, frozen, window)
+    return SharingPolicy(global_names, local_names, frozen, window, groups)

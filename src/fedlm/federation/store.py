@@ -1,31 +1,36 @@
 """Each client's local (never-sent) parameters between rounds: in memory, or one file per client on disk.
 
-Writes during a round stay pending until ``commit`` (called at checkpoints), so a run resumed from round k
-sees exactly the local states of round k.
+A run resumed from round k must see exactly the local states of round k, never those of a round after it.
+So the store is never committed on its own: ``checkpoint(k)`` hands back what the run's checkpoint file
+must hold (the memory store: the states themselves; the disk store: which version of each client's file
+belongs to round k), the checkpoint is written in one atomic step, and only then ``checkpointed(k)`` drops
+older versions. ``restore`` takes a checkpoint's part back and refuses one that does not fit this run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from fedlm.errors import UserError
+from fedlm.federation.durable import fsync_dir, save_atomic
 from fedlm.federation.params import NamedTensors, nbytes
 
 log = logging.getLogger("fedlm")
 
 
 class ClientStore:
-    """Each client's local (never-sent) parameters, in memory, committed to one file at checkpoints.
+    """Each client's local parameters in memory; a checkpoint carries all of them in its one file."""
 
-    Writes during a round stay pending until ``commit`` so that a run resumed from round k sees exactly the
-    local states of round k, even if it was interrupted halfway through round k+1.
-    """
+    kind = "memory"
 
-    def __init__(self, initial: NamedTensors, path: Path) -> None:
+    def __init__(self, initial: NamedTensors) -> None:
         self.initial = initial
-        self.path = path
         self.states: dict[int, NamedTensors] = {}
 
     def get(self, client_id: int) -> NamedTensors:
@@ -35,57 +40,107 @@ class ClientStore:
         if state:
             self.states[client_id] = state
 
-    def commit(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(self.states, tmp)
-        tmp.replace(self.path)
+    def checkpoint(self, round_idx: int) -> dict[str, Any]:
+        """What the round-``round_idx`` checkpoint holds of the clients (written by the caller, atomically)."""
+        return {"kind": self.kind, "round": round_idx, "states": dict(self.states)}
 
-    def restore(self) -> None:
-        if self.path.is_file():
-            self.states = torch.load(self.path, weights_only=True)
+    def checkpointed(self, round_idx: int) -> None:
+        """The checkpoint of ``round_idx`` is on disk: what only older checkpoints needed may go."""
+
+    def restore(self, saved: dict[str, Any], round_idx: int) -> None:
+        """The clients' states of the checkpoint of ``round_idx``; a part that does not fit is refused."""
+        self._check(saved, round_idx)
+        for client_id, state in saved["states"].items():
+            if set(state) != set(self.initial):
+                raise UserError(f"the checkpoint's local parameters of client {client_id} are not the ones this "
+                                f"run keeps local ({len(state)} vs {len(self.initial)} tensors); the checkpoint "
+                                "belongs to another run: start afresh (fedlm run ... --overwrite)")
+        self.states = dict(saved["states"])
+
+    def _check(self, saved: dict[str, Any], round_idx: int) -> None:
+        if saved.get("kind") != self.kind or saved.get("round") != round_idx:
+            raise UserError(f"the checkpoint of round {round_idx} holds the clients' local states of round "
+                            f"{saved.get('round')} kept in {saved.get('kind')}, but this run keeps them in "
+                            f"{self.kind}: the checkpoint does not fit this run; start it afresh "
+                            "(fedlm run ... --overwrite)")
+
+
+_VERSIONED = re.compile(r"(\d+)\.r(\d+)\.pt")
 
 
 class DiskClientStore(ClientStore):
     """The same contract with one file per client, for populations whose local parts do not fit in memory.
 
-    A round's writes go to ``pending/``; ``commit`` moves them into ``committed/``, ``restore`` discards
-    whatever an interrupted round left pending. Only the clients touched in a round are ever in memory.
+    A round's writes go to ``pending/<client>.pt``; ``checkpoint(k)`` renames them to
+    ``committed/<client>.r<k>.pt`` beside the versions the last checkpoint names, so that checkpoint stays
+    whole until the new one replaces it. ``restore`` keeps exactly the versions its checkpoint names and
+    refuses one whose files are missing. Only the clients touched in a round are ever in memory.
     """
 
+    kind = "disk"
+
     def __init__(self, initial: NamedTensors, directory: Path) -> None:
-        super().__init__(initial, directory)
+        super().__init__(initial)
         self.pending = directory / "pending"
         self.committed = directory / "committed"
         self.pending.mkdir(parents=True, exist_ok=True)
         self.committed.mkdir(parents=True, exist_ok=True)
+        self.versions: dict[int, int] = {}  # client -> round of its committed file
+        for path in self.pending.glob("*"):  # an earlier process's uncommitted writes
+            path.unlink()
+
+    def _file(self, client_id: int, version: int) -> Path:
+        return self.committed / f"{client_id}.r{version}.pt"
 
     def get(self, client_id: int) -> NamedTensors:
-        for folder in (self.pending, self.committed):
-            path = folder / f"{client_id}.pt"
-            if path.is_file():
-                return torch.load(path, weights_only=True)
+        pending = self.pending / f"{client_id}.pt"
+        if pending.is_file():
+            return torch.load(pending, weights_only=True)
+        if client_id in self.versions:
+            return torch.load(self._file(client_id, self.versions[client_id]), weights_only=True)
         return self.initial
 
     def put(self, client_id: int, state: NamedTensors) -> None:
         if state:
-            tmp = self.pending / f"{client_id}.tmp"
-            torch.save(state, tmp)
-            tmp.replace(self.pending / f"{client_id}.pt")
+            save_atomic(state, self.pending / f"{client_id}.pt")
 
-    def commit(self) -> None:
-        for path in self.pending.glob("*.pt"):
-            path.replace(self.committed / path.name)
+    def checkpoint(self, round_idx: int) -> dict[str, Any]:
+        versions = dict(self.versions)
+        for path in sorted(self.pending.glob("*.pt")):
+            client_id = int(path.stem)
+            os.replace(path, self._file(client_id, round_idx))
+            versions[client_id] = round_idx
+        fsync_dir(self.committed)
+        self.versions = versions
+        return {"kind": self.kind, "round": round_idx, "versions": dict(versions)}
 
-    def restore(self) -> None:
-        for path in self.pending.glob("*"):
-            path.unlink()
+    def checkpointed(self, round_idx: int) -> None:
+        self._prune()
+
+    def restore(self, saved: dict[str, Any], round_idx: int) -> None:
+        self._check(saved, round_idx)
+        versions = {int(c): int(v) for c, v in saved["versions"].items()}
+        for client_id, version in sorted(versions.items()):
+            if version > round_idx or not self._file(client_id, version).is_file():
+                raise UserError(f"the checkpoint of round {round_idx} needs client {client_id}'s local state "
+                                f"{self._file(client_id, version)}, which is missing: the run cannot resume "
+                                "consistently; start it afresh (fedlm run ... --overwrite)")
+        self.versions = versions
+        self._prune()
+
+    def _prune(self) -> None:
+        """Drop every committed file the current versions do not name (older ones, or a torn checkpoint's)."""
+        for path in self.committed.glob("*"):
+            match = _VERSIONED.fullmatch(path.name)
+            if match is None or self.versions.get(int(match[1])) != int(match[2]):
+                path.unlink()
 
 
-def make_client_store(initial: NamedTensors, num_clients: int, where: str, memory_path: Path, disk_dir: Path,
+def make_client_store(initial: NamedTensors, num_clients: int, where: str, disk_dir: Path,
                       memory_budget: int = 2 * 1024**3) -> ClientStore:
     """Memory while every client's local part fits in ``memory_budget`` bytes (or if asked), disk otherwise."""
     needed = nbytes(initial) * num_clients
     if where == "disk" or (where == "auto" and needed > memory_budget):
         log.info("client local states on disk (%d clients x %.1f MB)", num_clients, nbytes(initial) / 1e6)
         return DiskClientStore(initial, disk_dir)
-    return ClientStore(initial, memory_path)
+    return ClientStore(initial)

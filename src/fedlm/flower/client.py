@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,8 +20,15 @@ from flwr.common.constant import ErrorCode
 
 from fedlm.config import validate
 from fedlm.errors import UserError
-from fedlm.federation.client_round import failure_reason, fit_client
+from fedlm.federation.client_round import (
+    ClientAbandoned,
+    call_with_deadline,
+    failure_reason,
+    fit_client,
+    stop_at_next_module,
+)
 from fedlm.federation.codecs import Codec, Encoded
+from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors
 from fedlm.flower.messages import (
     PARTITION_KEY,
@@ -31,6 +39,8 @@ from fedlm.flower.messages import (
     job_from_content,
     report_content,
 )
+from fedlm.flower.secagg import masked_reply
+from fedlm.flower.secagg_mod import SECURE_KEY, secure_aggregation_mod
 from fedlm.models.cut import SplitModel
 from fedlm.run.prepare import Prepared, prepare
 from fedlm.split.client import run_client_turn
@@ -44,7 +54,9 @@ log = logging.getLogger("fedlm")
 class ClientRuntime:
     """A node's prepared data and model, built once per process and per experiment, reused every round.
 
-    The lock keeps two ClientApp calls in one process from training the shared model at the same time.
+    The lock keeps two ClientApp calls in one process from training the shared model at the same time. A
+    job with ``timeout-s`` trains in a worker thread that is abandoned at its deadline (the node answers
+    with a timeout at once); the abandoned worker keeps the model, so the node prepares a new one.
     """
 
     def __init__(self, data_dir: str | None = None, trunk_tokens: dict[int, str] | None = None) -> None:
@@ -52,6 +64,7 @@ class ClientRuntime:
         self.trunk_tokens = trunk_tokens or {}
         self.lock = threading.Lock()
         self._cache: tuple[tuple[str, str], Prepared] | None = None
+        self.prepares = 0  # how often an experiment was prepared (the node worker's cache at work)
         self._split_client: tuple[Prepared, SplitModel] | None = None
 
     def prepared(self, experiment: str, data_dir: str) -> Prepared:
@@ -60,6 +73,7 @@ class ClientRuntime:
             config = validate(yaml.safe_load(experiment) or {})
             torch.manual_seed(config.seed)
             self._cache = key, prepare(config, Path(data_dir))
+            self.prepares += 1
         return self._cache[1]
 
     def data_dir_of(self, context: Context) -> str:
@@ -76,13 +90,14 @@ class ClientRuntime:
 
     def train(self, msg: Message, context: Context) -> Message:
         try:
-            content = self._train(msg.content, context)
+            content = self.answer(msg.content, context)
         except Exception as exc:  # a failed client answers with an error; the node stays up
             log.debug("client training failed", exc_info=True)
             return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, failure_reason(exc)), reply_to=msg)
         return Message(content, reply_to=msg)
 
-    def _train(self, content: RecordDict, context: Context) -> RecordDict:
+    def answer(self, content: RecordDict, context: Context) -> RecordDict:
+        """The reply content to a ``train`` message's content; raises when the client fails."""
         job, experiment = job_from_content(content)
         own = partition_id(context)
         if job.client_id != own:
@@ -90,15 +105,41 @@ class ClientRuntime:
         with self.lock:
             prep = self.prepared(experiment, self.data_dir_of(context))
             if prep.config.split is not None:
-                report, upload = run_client_turn(self.split_client(prep), prep.task,
-                                                 prep.client_train[own], job, codec_from_content(content),
-                                                 self.trunk_transport(content, context, prep, own))
-                return report_content(report, upload)
-            codec = KeepUpload(codec_from_content(content))
-            report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [])
+                if content["config"].get(SECURE_KEY):
+                    raise UserError("secure aggregation is for the FedAvg family, not split learning")
+                client = self.split_client(prep)
+                transport = self.trunk_transport(content, context, prep, own)
+                held = client.model
+                work = partial(run_client_turn, client, prep.task, prep.client_train[own], job,
+                               codec_from_content(content), transport)
+            else:
+                codec = KeepUpload(codec_from_content(content))
+                held = prep.model
+                work = partial(self._fit, prep, job, codec, own)
+            try:
+                report, upload = call_with_deadline(work, job.timeout_s, name=f"fedlm-client-{own}")
+            except ClientAbandoned:
+                self.abandon(held)
+                raise
+        if content["config"].get(SECURE_KEY):  # secure_aggregation_mod masks it
+            update = report.update
+            return masked_reply(upload, job, codec_from_content(content), update.num_examples, update.metrics,
+                                content["config"])
+        return report_content(report, upload)
+
+    @staticmethod
+    def _fit(prep: Prepared, job: ClientJob, codec: KeepUpload, own: int) -> tuple[ClientReport, Encoded]:
+        report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [])
         if codec.upload is None:
             raise RuntimeError("fit_client encoded no upload")
-        return report_content(report, codec.upload)
+        return report, codec.upload
+
+    def abandon(self, model: torch.nn.Module) -> None:
+        """A job ran past its deadline: its worker keeps ``model`` (stopped at its next module call), and
+        the next job prepares the experiment afresh rather than share it."""
+        stop_at_next_module(model)
+        self._cache = None
+        self._split_client = None
 
     def split_client(self, prep: Prepared) -> SplitModel:
         """This node's client parts (bottom and top; the trunk a ``meta`` placeholder), made once per prepared
@@ -152,14 +193,17 @@ def partition_id(context: Context) -> int:
     return int(value)
 
 
-def build_client_app(data_dir: str | None = None, trunk_tokens: dict[int, str] | None = None) -> ClientApp:
-    """The ClientApp; ``data_dir`` is used when neither node config nor run config names one, and
-    ``trunk_tokens`` (by partition id) when a node's config has no ``trunk-token``."""
-    runtime = ClientRuntime(data_dir, trunk_tokens)
+def build_client_app(data_dir: str | None = None, trunk_tokens: dict[int, str] | None = None,
+                     runtime: ClientRuntime | None = None) -> ClientApp:
+    """The ClientApp training in its own process; ``data_dir`` is used when neither node config nor run
+    config names one, and ``trunk_tokens`` (by partition id) when a node's config has no ``trunk-token``.
+    Deployed SuperNodes load ``fedlm.flower.nodeapp``, which trains in a long-lived worker instead."""
+    runtime = runtime or ClientRuntime(data_dir, trunk_tokens)
     app = ClientApp()
     app.query()(runtime.query)
-    app.train()(runtime.train)
+    app.train(mods=[secure_aggregation_mod])(runtime.train)
     return app
 
 
-client_app = build_client_app()
+in_process_runtime = ClientRuntime()
+client_app = build_client_app(runtime=in_process_runtime)

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecordValues, Context, Message, MessageType, RecordDict, UserConfigValue
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedlm.config import dump_config, read_yaml, validate
+from fedlm.config import ExperimentConfig, dump_config, read_yaml, validate
 from fedlm.errors import UserError
 from fedlm.federation.client_round import NonFiniteUpdate, client_failure, refuse_non_finite
 from fedlm.federation.codecs import Codec
@@ -27,7 +28,10 @@ from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import ClientUpdate
-from fedlm.flower.messages import PARTITION_KEY, TRUNK_ADDRESS, TRUNK_CA, encoded_from_records, job_content
+from fedlm.flower.messages import TRUNK_ADDRESS, TRUNK_CA, encoded_from_records, job_content
+from fedlm.flower.nodes import NodeDirectory, PromptGrid, match_replies
+from fedlm.flower.secagg import FREEZE_REFUSAL, SecAggSettings, SecureAggregation
+from fedlm.flower.secagg_mod import SECURE_KEY, truthy
 from fedlm.run.prepare import num_clients_of
 from fedlm.run.recorder import slug
 from fedlm.run.single import ExecutorFactory, run_single
@@ -39,48 +43,8 @@ log = logging.getLogger("fedlm")
 
 DEFAULT_NODE_WAIT_S = 300.0
 DEFAULT_REPLY_TIMEOUT_S = 3600.0
-
-
-def discover_clients(grid: Grid, num_clients: int, wait_s: float, poll_s: float = 0.5) -> dict[int, int]:
-    """Map fedlm client id -> Flower node id by asking each node its partition-id (the Grid does not show
-    node configs).
-
-    Waits up to ``wait_s`` for all ``num_clients`` to show up (SuperNodes may connect after the run starts);
-    clients still missing then are reported as failed whenever they are sampled.
-    """
-    found: dict[int, int] = {}
-    asked: set[int] = set()
-    deadline = time.monotonic() + wait_s
-    while len(found) < num_clients and time.monotonic() < deadline:
-        new = [node for node in grid.get_node_ids() if node not in asked]
-        asked.update(new)
-        if not new:
-            time.sleep(poll_s)
-            continue
-        queries = [Message(RecordDict(), dst_node_id=node, message_type=MessageType.QUERY) for node in new]
-        for reply in grid.send_and_receive(queries, timeout=max(deadline - time.monotonic(), poll_s)):
-            _register_node(found, reply, num_clients)
-    missing = sorted(set(range(num_clients)) - set(found))
-    if len(missing) == num_clients:
-        raise UserError(f"no Flower node answered as a fedlm client within {wait_s:.0f}s; start SuperNodes "
-                        f"with --node-config 'partition-id=<0..{num_clients - 1}>'")
-    if missing:
-        log.warning("no Flower node serves clients %s; they fail whenever sampled", missing)
-    return found
-
-
-def _register_node(found: dict[int, int], reply: Message, num_clients: int) -> None:
-    node = reply.metadata.src_node_id
-    if reply.has_error():
-        log.warning("node %d did not say which client it is: %s", node, reply.error.reason)
-        return
-    client_id = int(reply.content["node"][PARTITION_KEY])
-    if not 0 <= client_id < num_clients:
-        log.warning("node %d is partition %d, outside 0..%d; not used", node, client_id, num_clients - 1)
-        return
-    if client_id in found:
-        raise UserError(f"nodes {found[client_id]} and {node} both claim partition-id {client_id}")
-    found[client_id] = node
+DEFAULT_REPLY_GRACE_S = 120.0  # beyond client_timeout_s: a node's data preparation and the transfers
+ERROR_NAMES = {value: name for name, value in vars(ErrorCode).items() if isinstance(value, int)}
 
 
 class FlowerExecutor:
@@ -91,51 +55,93 @@ class FlowerExecutor:
     the in-process simulator's.
     """
 
-    def __init__(self, grid: Grid, node_ids_by_client: dict[int, int], codec: Codec, experiment: str,
+    def __init__(self, grid: Grid, nodes: NodeDirectory | dict[int, int], codec: Codec, experiment: str,
                  timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S, progress: Callable[[int], None] | None = None,
-                 extra: Mapping[str, ConfigRecordValues] | None = None) -> None:
+                 extra: Mapping[str, ConfigRecordValues] | None = None,
+                 grace_s: float = DEFAULT_REPLY_GRACE_S) -> None:
         self.grid = grid
-        self.nodes = node_ids_by_client
+        self.nodes = nodes if isinstance(nodes, NodeDirectory) else NodeDirectory.fixed(grid, nodes)
         self.codec = codec
         self.experiment = experiment
         self.timeout_s = timeout_s
+        self.grace_s = grace_s
         self.progress = progress
         self.extra = extra
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
-        results: dict[int, ClientReport | ClientFailure] = {
-            job.client_id: ClientFailure(job.client_id, f"no Flower node serves client {job.client_id}")
-            for job in jobs if job.client_id not in self.nodes}
-        by_node = {self.nodes[job.client_id]: job for job in jobs if job.client_id in self.nodes}
-        messages = [Message(job_content(job, self.experiment, self.codec.block_size, self.extra), dst_node_id=node,
-                            message_type=MessageType.TRAIN, ttl=self.timeout_s, group_id=str(job.round_idx))
-                    for node, job in by_node.items()]
-        replies = self.grid.send_and_receive(messages, timeout=self.timeout_s) if messages else []
-        for reply in replies:
-            job = by_node.get(reply.metadata.src_node_id)
-            if job is not None:
-                results[job.client_id] = self._read_reply(job, reply)
+        results, routed = self._route(jobs)
+        results.update(self._exchange(routed, self.wait_s(jobs)))
         for job in jobs:
-            results.setdefault(job.client_id, ClientFailure(job.client_id, self._no_reply()))
             if self.progress is not None:
                 self.progress(job.client_id)
         return [results[job.client_id] for job in jobs]
 
+    def _route(self, jobs: list[ClientJob]) -> tuple[dict[int, ClientReport | ClientFailure],
+                                                     list[tuple[ClientJob, int]]]:
+        """Each job paired with its client's node; a client without one fails at once."""
+        self.nodes.refresh()  # a SuperNode restarted since the last round takes part again
+        results: dict[int, ClientReport | ClientFailure] = {}
+        routed: list[tuple[ClientJob, int]] = []
+        for job in jobs:
+            node = self.nodes.node_of(job.client_id)
+            if node is None:
+                results[job.client_id] = ClientFailure(job.client_id, f"no Flower node serves client {job.client_id}")
+            else:
+                routed.append((job, node))
+        return results, routed
+
+    def _exchange(self, routed: list[tuple[ClientJob, int]],
+                  wait: float | None) -> dict[int, ClientReport | ClientFailure]:
+        """One train message per routed job, each client's update read back in the clear."""
+        messages = [Message(job_content(job, self.experiment, self.codec.block_size, self.extra), dst_node_id=node,
+                            message_type=MessageType.TRAIN, ttl=wait, group_id=str(job.round_idx))
+                    for job, node in routed]
+        replies = match_replies(messages, self.grid.send_and_receive(messages, timeout=wait)) if messages else {}
+        results: dict[int, ClientReport | ClientFailure] = {}
+        for index, (job, node) in enumerate(routed):
+            reply = replies.get(index)
+            results[job.client_id] = (ClientFailure(job.client_id, self._no_reply(wait)) if reply is None
+                                      else self._read_reply(job, node, reply))
+        return results
+
+    def wait_s(self, jobs: list[ClientJob]) -> float | None:
+        """How long the round waits for replies: the reply timeout, cut to the clients' own deadline
+        (``client_timeout_s``) plus ``grace_s`` for preparation and transfer when every job has one. A node
+        abandons a job at its deadline and answers with a timeout; one that cannot answer is cut off here."""
+        limits = [job.timeout_s for job in jobs]
+        if not jobs or not all(limits):
+            return self.timeout_s
+        own = max(limit for limit in limits if limit) + self.grace_s
+        return own if self.timeout_s is None else min(self.timeout_s, own)
+
     def close(self) -> None:
         """Nothing to release: the nodes outlive the run."""
 
-    def _no_reply(self) -> str:
-        return f"timeout: no reply within {self.timeout_s:.0f}s" if self.timeout_s else "no reply"
+    @staticmethod
+    def _no_reply(wait: float | None) -> str:
+        return f"timeout: no reply within {wait:.0f}s" if wait else "no reply"
 
-    def _read_reply(self, job: ClientJob, reply: Message) -> ClientReport | ClientFailure:
+    def _read_reply(self, job: ClientJob, node: int, reply: Message) -> ClientReport | ClientFailure:
         if reply.has_error():
-            return ClientFailure(job.client_id, reply.error.reason or f"Flower error {reply.error.code}")
+            return ClientFailure(job.client_id, self._error_reason(node, reply.error.code, reply.error.reason))
         try:
             return self._report(job, reply.content)
         except NonFiniteUpdate as exc:
             return client_failure(job.client_id, exc)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             return ClientFailure(job.client_id, f"malformed reply: {type(exc).__name__}: {exc}")
+
+    def _error_reason(self, node: int, code: int, reason: str) -> str:
+        """An error reply as the run records it. The client's own errors already read as fedlm's reasons
+        (``timeout: ...``, ``exception: ...``); the SuperLink's are named by what happened to the node."""
+        if code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and reason:
+            return reason
+        if code == ErrorCode.NODE_UNAVAILABLE:
+            self.nodes.forget(node, "is unavailable")
+            return f"node unavailable: node {node} stopped sending heartbeats to the SuperLink"
+        if code in (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
+            return f"message expired: the job or its reply outlived its time to live ({reason})"
+        return f"Flower error {ERROR_NAMES.get(code, code)}: {reason}"
 
     def _report(self, job: ClientJob, content: RecordDict) -> ClientReport:
         """A reply as the engine's report; the node's word is checked, not trusted (shapes, finiteness)."""
@@ -156,6 +162,22 @@ class FlowerExecutor:
         return ClientReport(update, arrays.count_bytes() + meta_bytes, upload_meta_bytes=meta_bytes)
 
 
+class SecureFlowerExecutor(FlowerExecutor):
+    """The Flower executor with Flower's SecAgg+ between the nodes and this process: every surviving client's
+    report holds the round's secure aggregate, never its own update (``fedlm.flower.secagg``)."""
+
+    def __init__(self, grid: Grid, nodes: NodeDirectory | dict[int, int], codec: Codec, experiment: str,
+                 settings: SecAggSettings, client_sizes: Mapping[int, int], **kwargs: Any) -> None:
+        super().__init__(grid, nodes, codec, experiment, **kwargs)
+        self.secure = SecureAggregation(grid, settings, client_sizes, self._error_reason)
+
+    def _exchange(self, routed: list[tuple[ClientJob, int]],
+                  wait: float | None) -> dict[int, ClientReport | ClientFailure]:
+        if any(job.frozen for job, _ in routed):
+            raise UserError(FREEZE_REFUSAL)
+        return self.secure.run(routed, self.codec, self.experiment, self.extra, wait)
+
+
 def _check_like(received: NamedTensors, sent: NamedTensors, what: str) -> None:
     """An update is encoded like the parameters it answers: same names, shapes and dtypes."""
     if set(received) != set(sent):
@@ -166,18 +188,24 @@ def _check_like(received: NamedTensors, sent: NamedTensors, what: str) -> None:
                              f"expected {sent[name].dtype}{tuple(sent[name].shape)}")
 
 
-def flower_executor_factory(grid: Grid, node_ids_by_client: dict[int, int], experiment: str,
-                            timeout_s: float | None) -> ExecutorFactory:
-    """``run_single``'s ``executor_factory``: the model, task, data and client store live on the nodes."""
+def flower_executor_factory(grid: Grid, nodes: NodeDirectory, experiment: str, timeout_s: float | None,
+                            grace_s: float = DEFAULT_REPLY_GRACE_S,
+                            secure: SecAggSettings | None = None) -> ExecutorFactory:
+    """``run_single``'s ``executor_factory``: the model, task, data and client store live on the nodes;
+    with ``secure`` the updates reach this process only as Flower's SecAgg+ aggregate."""
 
     def factory(model: torch.nn.Module, task: Task, client_rows: dict[int, Sequence[dict]], codec: Codec,
                 store: ClientStore, local_names: list[str],
                 progress: Callable[[int], None] | None = None) -> FlowerExecutor:
-        del model, task, client_rows, store
+        del model, task, store
         if local_names:
             raise UserError("this protocol keeps parameters on the clients, which the server needs for "
                             "evaluation; run it in simulation, not through Flower")
-        return FlowerExecutor(grid, node_ids_by_client, codec, experiment, timeout_s, progress)
+        if secure is not None:
+            sizes = {cid: len(rows) for cid, rows in client_rows.items()}
+            return SecureFlowerExecutor(grid, nodes, codec, experiment, secure, sizes, timeout_s=timeout_s,
+                                        progress=progress, grace_s=grace_s)
+        return FlowerExecutor(grid, nodes, codec, experiment, timeout_s, progress, grace_s=grace_s)
 
     return factory
 
@@ -225,15 +253,15 @@ class FlowerSplitClients:
     and each client turn is one Flower message to the client's node, whose ClientApp trains the client's
     parts against that trunk and replies with them."""
 
-    def __init__(self, backend: TrunkBackend, codec: Codec, grid: Grid, nodes: dict[int, int], experiment: str,
-                 timeout_s: float | None, service: TrunkService) -> None:
+    def __init__(self, backend: TrunkBackend, codec: Codec, grid: Grid, nodes: NodeDirectory, experiment: str,
+                 timeout_s: float | None, service: TrunkService, grace_s: float = DEFAULT_REPLY_GRACE_S) -> None:
         self.server = serve_trunk(backend, service.listen, tokens=service.tokens, tls=(service.cert, service.key),
-                                  client_ca_pem=service.client_ca, max_sessions=max(16, len(nodes) + 4))
+                                  client_ca_pem=service.client_ca, max_sessions=max(16, nodes.num_clients + 4))
         host = service.listen.rsplit(":", 1)[0]
         local = host if host in ("localhost", "127.0.0.1", "[::1]") else socket.getfqdn()
         address = service.address or f"{local}:{self.server.port}"
         extra = {TRUNK_ADDRESS: address, TRUNK_CA: service.ca.decode()}
-        self.flower = FlowerExecutor(grid, nodes, codec, experiment, timeout_s, extra=extra)
+        self.flower = FlowerExecutor(grid, nodes, codec, experiment, timeout_s, extra=extra, grace_s=grace_s)
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         return self.flower.run(jobs)
@@ -251,12 +279,30 @@ def _setting(context: Context, key: str, defaults: Mapping[str, UserConfigValue]
     return fallback if value in (None, "") else value
 
 
+def secure_settings(context: Context, defaults: Mapping[str, UserConfigValue],
+                    config: ExperimentConfig) -> SecAggSettings | None:
+    """SecAgg+'s settings when the run config turns ``secure-aggregation`` on (None: updates in the clear)."""
+    if not truthy(_setting(context, SECURE_KEY, defaults, False)):
+        return None
+    if config.split is not None:
+        raise UserError("secure-aggregation is for the FedAvg family: a split run's trunk sees boundary "
+                        "activations, which summing parameters does not hide; set secure-aggregation=false")
+    if config.sharing.freeze_window is not None:
+        raise UserError(FREEZE_REFUSAL)
+    if config.privacy.kind == "client":
+        raise UserError("privacy.kind: client clips each client's update on the server, which under "
+                        "secure-aggregation sees only their sum: use privacy.kind: sample (clipping and noise on "
+                        "the clients) or set secure-aggregation=false")
+    return SecAggSettings.from_settings(lambda key, default: _setting(context, key, defaults, default))
+
+
 def build_server_app(**defaults: UserConfigValue) -> ServerApp:
     """The ServerApp; ``defaults`` (config, data-dir, run-dir, ...) fill run config keys left empty."""
     app = ServerApp()
 
     @app.main()
-    def main(grid: Grid, context: Context) -> None:
+    def main(flower_grid: Grid, context: Context) -> None:
+        grid: Grid = PromptGrid(flower_grid)  # type: ignore[assignment]
         path = _setting(context, "config", defaults)
         if path is None:
             raise UserError("no experiment config: set the run config key 'config' to a YAML path")
@@ -264,16 +310,20 @@ def build_server_app(**defaults: UserConfigValue) -> ServerApp:
         run_dir = _setting(context, "run-dir", defaults, str(Path(config.output_dir) / slug(config.name)))
         wait_s = float(_setting(context, "node-wait-s", defaults, DEFAULT_NODE_WAIT_S))
         timeout_s = float(_setting(context, "reply-timeout-s", defaults, DEFAULT_REPLY_TIMEOUT_S))
-        nodes = discover_clients(grid, num_clients_of(config), wait_s)
+        grace_s = float(_setting(context, "reply-grace-s", defaults, DEFAULT_REPLY_GRACE_S))
+        nodes = NodeDirectory(grid, num_clients_of(config))
+        nodes.discover(wait_s)
         experiment = dump_config(config)
-        factory = flower_executor_factory(grid, nodes, experiment, timeout_s)
+        secure = secure_settings(context, defaults, config)
+        factory = flower_executor_factory(grid, nodes, experiment, timeout_s, grace_s, secure)
         split_remote = None
         if config.split is not None:
             service = TrunkService.from_settings(context, defaults)
             split_remote = partial(FlowerSplitClients, grid=grid, nodes=nodes, experiment=experiment,
-                                   timeout_s=timeout_s, service=service)
+                                   timeout_s=timeout_s, service=service, grace_s=grace_s)
+        resume = truthy(_setting(context, "resume", defaults, False))  # a killed ServerApp, run again
         run_single(config, Path(str(_setting(context, "data-dir", defaults, "."))), Path(str(run_dir)),
-                   executor_factory=factory, split_remote=split_remote)
+                   resume=resume, executor_factory=factory, split_remote=split_remote)
 
     return app
 

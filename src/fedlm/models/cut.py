@@ -13,10 +13,14 @@ Why the parts *reference* the model's own modules instead of copying or re-imple
   saves with ``save_pretrained`` and loads back whole with plain ``transformers``, and tied weights
   (word embeddings = MLM decoder / LM head) stay one tensor, owned by the client.
 
-Only the glue between modules is written here: the few lines of each base model's ``forward`` that add
-position embeddings and build the attention mask, taken from the family's modeling code. The 4-D mask is
-rebuilt on each side from the 2-D padding mask with the model's own masking utilities, so what crosses
-the boundary stays small and serialisable (see :class:`Activations`).
+Nothing here knows a family: :mod:`fedlm.models.introspect` finds the embeddings, the block ModuleList,
+the final norm and the rotary embedding on the loaded model. The bottom runs the base model's own
+``forward`` and stops at the first server block (so embeddings, scaling and position handling are the
+family's own code); the trunk and top call their blocks with the masks and rotary embeddings rebuilt on
+each side from the 2-D padding mask and position ids with ``transformers.masking_utils``, per attention
+kind (full, sliding window), so what crosses the boundary stays small and serialisable (see
+:class:`Activations`). Encoder-decoders (t5, bart) are refused with one line: every decoder block
+cross-attends to the encoder's output, so there is no single stack to cut.
 
 Protocol of one training step (each ``detached()`` stands for a network hop)::
 
@@ -35,16 +39,25 @@ Protocol of one training step (each ``detached()`` stands for a network hop)::
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_bidirectional_sliding_window_mask,
+    create_causal_mask,
+    create_chunked_causal_mask,
+    create_sliding_window_causal_mask,
+)
 
 from fedlm.errors import UserError
-from fedlm.models.heads import HEADS
+from fedlm.models.heads import find_head
+from fedlm.models.introspect import FULL, SLIDING, Layout, find_layout
 
 __all__ = ["Activations", "ClientBottom", "ClientTop", "Cut", "ServerTrunk", "SplitModel"]
 
@@ -84,70 +97,24 @@ class Activations:
         return cls(**tensors)
 
 
-# ---------------------------------------------------------------------------------------------- layouts
+# ------------------------------------------------------------------------------------------------ masks
 
-Modules = nn.ModuleDict
-EmbedFn = Callable[[Modules, Tensor, Tensor | None], tuple[Tensor, Tensor | None]]
-
-
-def _embed_bert(modules: Modules, input_ids: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, None]:
-    # bert and roberta: the embeddings module derives positions itself (roberta: padding-aware, from ids)
-    return modules["embeddings"](input_ids=input_ids, token_type_ids=token_type_ids), None
-
-
-def _embed_distilbert(modules: Modules, input_ids: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, None]:
-    _no_token_types("distilbert", token_type_ids)
-    return modules["embeddings"](input_ids), None
-
-
-def _embed_gpt2(modules: Modules, input_ids: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, Tensor]:
-    # GPT2Model.forward without a cache
-    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-    hidden = modules["wte"](input_ids) + modules["wpe"](position_ids)
-    if token_type_ids is not None:
-        hidden = hidden + modules["wte"](token_type_ids)
-    return modules["drop"](hidden), position_ids
-
-
-def _embed_llama(modules: Modules, input_ids: Tensor, token_type_ids: Tensor | None) -> tuple[Tensor, Tensor]:
-    # LlamaModel.forward without a cache
-    _no_token_types("llama", token_type_ids)
-    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-    return modules["embed_tokens"](input_ids), position_ids
-
-
-def _no_token_types(family: str, token_type_ids: Tensor | None) -> None:
-    if token_type_ids is not None:
-        raise ValueError(f"{family} models take no token_type_ids")
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where one family keeps its parts, as attribute names on the base model (``model.base_model``)."""
-
-    embeddings: tuple[str, ...]  # modules before block 0 (client bottom)
-    blocks: str  # dotted path of the nn.ModuleList of transformer blocks
-    embed: EmbedFn  # input ids -> (block-0 input, position ids that cross the boundary)
-    final_norm: str | None = None  # applied after the last block (client top)
-    rotary: str | None = None  # parameter-free rotary embedding, recomputed by each part from position ids
-    causal: bool = False
-
-
-_BERT_LAYOUT = _Layout(embeddings=("embeddings",), blocks="encoder.layer", embed=_embed_bert)
-LAYOUTS: dict[str, _Layout] = {
-    "bert": _BERT_LAYOUT,
-    "roberta": _BERT_LAYOUT,
-    "distilbert": _Layout(embeddings=("embeddings",), blocks="transformer.layer", embed=_embed_distilbert),
-    "gpt2": _Layout(embeddings=("wte", "wpe", "drop"), blocks="h", embed=_embed_gpt2, final_norm="ln_f", causal=True),
-    "llama": _Layout(
-        embeddings=("embed_tokens",),
-        blocks="layers",
-        embed=_embed_llama,
-        final_norm="norm",
-        rotary="rotary_emb",
-        causal=True,
-    ),
+_CAUSAL_MASKS: dict[str, Callable[..., object]] = {
+    FULL: create_causal_mask,
+    SLIDING: create_sliding_window_causal_mask,
+    "chunked_attention": create_chunked_causal_mask,
 }
+_BIDIRECTIONAL_MASKS: dict[str, Callable[..., object]] = {
+    FULL: create_bidirectional_mask,
+    SLIDING: create_bidirectional_sliding_window_mask,
+}
+
+
+def _check_attention_kinds(layout: Layout, family: str) -> None:
+    known = _CAUSAL_MASKS if layout.causal else _BIDIRECTIONAL_MASKS
+    unknown = sorted(set(layout.layer_types) - set(known))
+    if unknown:
+        raise UserError(f"cannot cut a {family} model: its attention kind(s) {', '.join(unknown)} have no mask here")
 
 
 # ------------------------------------------------------------------------------------------------ parts
@@ -156,52 +123,104 @@ LAYOUTS: dict[str, _Layout] = {
 class _Part(nn.Module):
     """Runs a slice of the model's blocks; builds their attention inputs from :class:`Activations`."""
 
-    def __init__(self, model: PreTrainedModel, layout: _Layout, blocks: list[nn.Module]) -> None:
+    def __init__(self, model: PreTrainedModel, layout: Layout, blocks: list[nn.Module], first: int) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         base = model.base_model
         self.rotary = getattr(base, layout.rotary) if layout.rotary else None
-        self._causal = layout.causal or bool(getattr(base.config, "is_decoder", False))
+        self._layout = layout
+        self._types = layout.layer_types[first : first + len(blocks)]
         self._config = base.config
+        self._takes_positions = bool(blocks) and "position_ids" in inspect.signature(blocks[0].forward).parameters
 
     def _run_blocks(self, acts: Activations) -> Activations:
         if not len(self.blocks):
             return acts
-        hidden, mask_2d, position_ids = acts.hidden, acts.attention_mask, acts.position_ids
-        if self._causal:
-            mask = create_causal_mask(
+        hidden, position_ids = acts.hidden, acts.position_ids
+        masks = {kind: self._mask(kind, hidden, acts.attention_mask, position_ids) for kind in set(self._types)}
+        rotary = self._rotary(hidden, position_ids)
+        for block, kind in zip(self.blocks, self._types, strict=True):
+            extra = {}
+            if self._takes_positions and position_ids is not None:
+                extra["position_ids"] = position_ids
+            if self.rotary is not None:
+                extra["position_embeddings"] = rotary[kind] if self._layout.rotary_per_type else rotary
+            out = block(hidden, attention_mask=masks[kind], **extra)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return dataclasses.replace(acts, hidden=hidden)
+
+    def _mask(self, kind: str, hidden: Tensor, mask_2d: Tensor | None, position_ids: Tensor | None) -> object:
+        if self._layout.causal:
+            return _CAUSAL_MASKS[kind](
                 config=self._config,
                 inputs_embeds=hidden,
                 attention_mask=mask_2d,
                 past_key_values=None,
                 position_ids=position_ids,
             )
-        else:
-            mask = create_bidirectional_mask(config=self._config, inputs_embeds=hidden, attention_mask=mask_2d)
-        extra = {}
-        if position_ids is not None:
-            extra["position_ids"] = position_ids
-        if self.rotary is not None:
-            extra["position_embeddings"] = self.rotary(hidden, position_ids=position_ids)
-        for block in self.blocks:
-            hidden = block(hidden, attention_mask=mask, **extra)
-        return dataclasses.replace(acts, hidden=hidden)
+        return _BIDIRECTIONAL_MASKS[kind](config=self._config, inputs_embeds=hidden, attention_mask=mask_2d)
+
+    def _rotary(self, hidden: Tensor, position_ids: Tensor | None) -> object:
+        if self.rotary is None:
+            return None
+        if self._layout.rotary_per_type:
+            return {kind: self.rotary(hidden, position_ids, kind) for kind in set(self._types)}
+        return self.rotary(hidden, position_ids)
+
+
+class _Stop(Exception):
+    """Raised at the first server block to end the base model's forward with that block's input."""
+
+    def __init__(self, hidden: Tensor, kwargs: dict) -> None:
+        super().__init__()
+        self.hidden, self.kwargs = hidden, kwargs
 
 
 class ClientBottom(_Part):
-    """Client: embeddings plus the first k blocks."""
+    """Client: embeddings plus the first k blocks, run by the base model's own ``forward`` up to block k."""
 
-    def __init__(self, model: PreTrainedModel, layout: _Layout, blocks: list[nn.Module]) -> None:
-        super().__init__(model, layout, blocks)
-        self.embeddings = nn.ModuleDict({name: getattr(model.base_model, name) for name in layout.embeddings})
-        self._embed = layout.embed
+    def __init__(self, model: PreTrainedModel, layout: Layout, blocks: list[nn.Module], stop_at: nn.Module) -> None:
+        super().__init__(model, layout, blocks, 0)
+        base = model.base_model
+        self.embeddings = nn.ModuleDict({name: getattr(base, name) for name in layout.embeddings})
+        # plain tuples: the base model and the first server block are not the bottom's modules
+        self._base: tuple[nn.Module, ...] = (base,)
+        self._stop_at: tuple[nn.Module, ...] = (stop_at,)
+        params = inspect.signature(base.forward).parameters
+        self._takes_token_types = "token_type_ids" in params
+        self._no_cache = {"use_cache": False} if "use_cache" in params else {}
+        self._family = base.config.model_type
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
     ) -> Activations:
         """Token ids (+ padding mask, + BERT-style segment ids) -> what the trunk needs."""
-        hidden, position_ids = self._embed(self.embeddings, input_ids, token_type_ids)
-        return self._run_blocks(Activations(hidden, attention_mask, position_ids))
+        kwargs = dict(self._no_cache)
+        if token_type_ids is not None:
+            if not self._takes_token_types:
+                raise ValueError(f"{self._family} models take no token_type_ids")
+            kwargs["token_type_ids"] = token_type_ids
+        hidden, block_kwargs = self._first_server_input(input_ids, attention_mask, kwargs)
+        position_ids = block_kwargs.get("position_ids")
+        if position_ids is None and self._layout.causal:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        return Activations(hidden, attention_mask, position_ids)
+
+    def _first_server_input(self, input_ids: Tensor, attention_mask: Tensor | None, kwargs: dict) -> tuple:
+        owner = threading.get_ident()
+
+        def stop(module: nn.Module, args: tuple, block_kwargs: dict) -> None:
+            if threading.get_ident() == owner:  # another thread running the trunk passes through
+                raise _Stop(args[0] if args else block_kwargs["hidden_states"], block_kwargs)
+
+        handle = self._stop_at[0].register_forward_pre_hook(stop, with_kwargs=True)
+        try:
+            self._base[0](input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        except _Stop as reached:
+            return reached.hidden, reached.kwargs
+        finally:
+            handle.remove()
+        raise RuntimeError(f"the {self._family} forward never reached its first server block")
 
 
 class ServerTrunk(_Part):
@@ -215,18 +234,20 @@ class ClientTop(_Part):
     """Client: the last m blocks, the final norm, and every head module (pooler, classifier, LM head)."""
 
     def __init__(
-        self, model: PreTrainedModel, layout: _Layout, blocks: list[nn.Module], head: dict[str, nn.Module]
+        self, model: PreTrainedModel, layout: Layout, blocks: list[nn.Module], first: int,
+        head: dict[str, nn.Module],
     ) -> None:
-        super().__init__(model, layout, blocks)
+        super().__init__(model, layout, blocks, first)
         self.head = nn.ModuleDict(head)
-        self._final_norm = layout.final_norm
         self._task_class = type(model).__name__
-        self._head_fn = HEADS.get(self._task_class)
+        self._head_fn = find_head(model)
 
     def forward(self, acts: Activations) -> Tensor:
         """-> the base model's ``last_hidden_state`` (what the task's head modules take)."""
         hidden = self._run_blocks(acts).hidden
-        return self.head[self._final_norm](hidden) if self._final_norm else hidden
+        for name in self._layout.final_norm:
+            hidden = self.head[name](hidden)
+        return hidden
 
     def logits(self, hidden: Tensor, input_ids: Tensor | None = None) -> Tensor:
         """The task model's ``logits`` from ``forward``'s output; decoder classifiers also need ``input_ids``."""
@@ -240,9 +261,8 @@ class SplitModel:
 
     def __init__(self, model: PreTrainedModel, cut: Cut) -> None:
         family = model.config.model_type
-        if family not in LAYOUTS:
-            raise UserError(f"split learning supports {', '.join(LAYOUTS)} models, not {family!r}")
-        layout = LAYOUTS[family]
+        layout = find_layout(model)
+        _check_attention_kinds(layout, family)
         base = model.base_model
         blocks = list(base.get_submodule(layout.blocks))
         k, m, n = cut.bottom_blocks, cut.top_blocks, len(blocks)
@@ -253,9 +273,10 @@ class SplitModel:
             )
         self.model = model
         self.cut = cut
-        self.bottom = ClientBottom(model, layout, blocks[:k])
-        self.trunk = ServerTrunk(model, layout, blocks[k : n - m])
-        self.top = ClientTop(model, layout, blocks[n - m :], _top_head_modules(model, layout))
+        self.layout = layout
+        self.bottom = ClientBottom(model, layout, blocks[:k], stop_at=blocks[k])
+        self.trunk = ServerTrunk(model, layout, blocks[k : n - m], k)
+        self.top = ClientTop(model, layout, blocks[n - m :], n - m, _top_head_modules(model, layout))
         self._check_ownership()
 
     def client_parameters(self) -> list[nn.Parameter]:
@@ -302,7 +323,7 @@ class SplitModel:
             )
 
 
-def _top_head_modules(model: PreTrainedModel, layout: _Layout) -> dict[str, nn.Module]:
+def _top_head_modules(model: PreTrainedModel, layout: Layout) -> dict[str, nn.Module]:
     """Everything that is neither embeddings nor blocks: base-model leftovers (final norm, pooler) and the
     task model's own head children, by attribute name."""
     base = model.base_model

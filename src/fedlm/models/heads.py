@@ -4,12 +4,16 @@ Split learning computes the base model's output in pieces (client bottom, server
 loss must start from a hidden state rather than from ``model(...)``. Each head here reproduces what the
 task model's ``forward`` does after its base model, looking its modules up by attribute name, so the same
 function serves the unsplit model and a split client holding only the top (``ClientTop.head``).
+
+Heads are found by the task class's kind (``*ForCausalLM``, ``*ForMaskedLM``, ``*ForSequenceClassification``)
+and the modules it has, so any family's model gets one (:func:`find_head`); ``HEADS`` lists the task classes
+whose head is not one of those shapes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import reduce
+from functools import partial, reduce
 
 import torch
 import torch.nn.functional as F
@@ -21,21 +25,72 @@ from fedlm.errors import UserError
 Modules = Mapping[str, nn.Module]
 HeadFn = Callable[[Modules, Tensor, Tensor | None, PretrainedConfig], Tensor]
 
-# Family -> attribute names of its MLM head modules on the *ForMaskedLM model, applied in order.
+# A *ForMaskedLM's head is its own children with parameters, in registration order (bert's cls, roberta's
+# lm_head, electra's generator_predictions then generator_lm_head). DistilBERT's forward also applies a
+# parameter-free activation between two of them, so its order is spelled out.
 MLM_HEAD_MODULES: dict[str, tuple[str, ...]] = {
-    "bert": ("cls",),
-    "roberta": ("lm_head",),
     "distilbert": ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
 }
 
 
-def _mlm_head(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
-    names = MLM_HEAD_MODULES[config.model_type]
+def mlm_head_names(model: PreTrainedModel) -> tuple[str, ...]:
+    """Attribute names of the masked-LM head modules on a *ForMaskedLM model, in the order they apply."""
+    if model.config.model_type in MLM_HEAD_MODULES:
+        return MLM_HEAD_MODULES[model.config.model_type]
+    base = model.base_model
+    return tuple(
+        name for name, child in model.named_children()
+        if child is not base and next(child.parameters(), None) is not None
+    )
+
+
+def _mlm_head(
+    names: tuple[str, ...], modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
+) -> Tensor:
     return reduce(lambda x, name: modules[name](x), names, hidden)
 
 
-def _lm_head(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
-    return modules["lm_head"](hidden)
+def _lm_head(
+    name: str, modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
+) -> Tensor:
+    # *ForCausalLM: the output embeddings, then the family's logit soft-capping if its config sets one (Gemma)
+    logits = modules[name](hidden)
+    cap = getattr(config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def _sequence_classifier(
+    modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
+) -> Tensor:
+    """*ForSequenceClassification by the modules it has: a decoder's ``score`` reads each row's last token;
+    a pooler (bert) or a ``pre_classifier`` (distilbert) feed the classifier; otherwise the classifier takes
+    the hidden states itself (roberta, electra: their heads read the first token)."""
+    if "score" in modules:
+        return _last_token_classifier(modules, hidden, input_ids, config)
+    if getattr(config, "classifier_pooling", "first") == "mean":
+        return _mean_pooled_classifier(modules, hidden, input_ids, config)
+    if "pooler" in modules:
+        return _bert_classifier(modules, hidden, input_ids, config)
+    if "pre_classifier" in modules:
+        return _distilbert_classifier(modules, hidden, input_ids, config)
+    return _roberta_classifier(modules, hidden, input_ids, config)
+
+
+def _mean_pooled_classifier(
+    modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
+) -> Tensor:
+    """An encoder's classifier on the mean of its non-pad token states instead of its first token's (how
+    sentence-transformers checkpoints were trained to pool; ``model.pooling: mean``). BERT's pooler is skipped:
+    it was trained on the first token only."""
+    if input_ids is None or config.pad_token_id is None:
+        raise ValueError("mean pooling needs input_ids and a pad token id to leave padding out of the mean")
+    mask = (input_ids != config.pad_token_id).to(hidden.dtype).unsqueeze(-1)
+    mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    if "pooler" in modules:
+        return modules["classifier"](modules["dropout"](mean))
+    if "pre_classifier" in modules:
+        return modules["classifier"](modules["dropout"](F.relu(modules["pre_classifier"](mean))))
+    return modules["classifier"](mean.unsqueeze(1))  # heads that read the first position get the mean there
 
 
 def _bert_classifier(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
@@ -67,25 +122,47 @@ def _last_token_classifier(
     return logits[torch.arange(hidden.shape[0], device=logits.device), last]
 
 
+def _token_classifier(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
+    # *ForTokenClassification: dropout, then a linear layer at every position (Llama names it score)
+    linear = modules["classifier"] if "classifier" in modules else modules["score"]
+    return linear(modules["dropout"](hidden))
+
+
+def _span_head(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
+    # *ForQuestionAnswering: start and end logits as the last axis (batch, seq, 2); DistilBERT adds dropout
+    if "dropout" in modules:
+        hidden = modules["dropout"](hidden)
+    return modules["qa_outputs"](hidden)
+
+
+_SPAN_FAMILIES = ("Bert", "Roberta", "DistilBert", "GPT2", "Llama")  # class-name prefixes of per-token heads
 HEADS: dict[str, HeadFn] = {
-    "BertForMaskedLM": _mlm_head,
-    "RobertaForMaskedLM": _mlm_head,
-    "DistilBertForMaskedLM": _mlm_head,
-    "GPT2LMHeadModel": _lm_head,
-    "LlamaForCausalLM": _lm_head,
-    "BertForSequenceClassification": _bert_classifier,
-    "RobertaForSequenceClassification": _roberta_classifier,
-    "DistilBertForSequenceClassification": _distilbert_classifier,
-    "GPT2ForSequenceClassification": _last_token_classifier,
-    "LlamaForSequenceClassification": _last_token_classifier,
+    **{f"{name}ForTokenClassification": _token_classifier for name in _SPAN_FAMILIES},
+    **{f"{name}ForQuestionAnswering": _span_head for name in _SPAN_FAMILIES},
 }
+
+
+def find_head(model: PreTrainedModel) -> HeadFn | None:
+    """The head of ``model``'s task class: listed in ``HEADS``, or found by its kind; None if neither."""
+    name = type(model).__name__
+    if name in HEADS:
+        return HEADS[name]
+    if name.endswith("ForSequenceClassification"):
+        return _sequence_classifier
+    if name.endswith("ForMaskedLM"):
+        return partial(_mlm_head, mlm_head_names(model))
+    if name.endswith(("ForCausalLM", "LMHeadModel")) and model.get_output_embeddings() is not None:
+        output = model.get_output_embeddings()
+        return partial(_lm_head, next(n for n, child in model.named_children() if child is output))
+    return None
 
 
 def head_fn(model: PreTrainedModel) -> HeadFn:
     """The head of ``model``'s task class; a one-line error for a class split training does not know."""
-    fn = HEADS.get(type(model).__name__)
+    fn = find_head(model)
     if fn is None:
-        raise UserError(f"no hidden-state head for {type(model).__name__} (known: {', '.join(HEADS)})")
+        raise UserError(f"no hidden-state head for {type(model).__name__} (known: causal LM, masked LM, "
+                        f"sequence classification, {', '.join(HEADS)})")
     return fn
 
 
@@ -105,8 +182,7 @@ def task_logits(model: PreTrainedModel, hidden: Tensor, input_ids: Tensor | None
 
 def mlm_head(model: PreTrainedModel) -> Callable[[Tensor], Tensor]:
     """The model's hidden-state -> vocabulary-logits MLM head, as one function of (rows x hidden)."""
-    names = MLM_HEAD_MODULES.get(model.config.model_type)
-    if names is None:
+    if not type(model).__name__.endswith("ForMaskedLM"):
         raise UserError(f"masked LM is not supported for {model.config.model_type!r} models")
-    modules = [getattr(model, name) for name in names]
+    modules = [getattr(model, name) for name in mlm_head_names(model)]
     return lambda hidden: reduce(lambda x, module: module(x), modules, hidden)

@@ -7,10 +7,13 @@ special tokens, pair format and model inputs as one loaded from a checkpoint of 
 * roberta: byte-level BPE with ``<s> A </s></s> B </s>``, as RoBERTa itself does. Choosing it over
   WordPiece keeps the trained and the pretrained RoBERTa paths identical (no ``[UNK]``, no segments).
 * gpt2 / llama: byte-level BPE plus a dedicated ``<pad>`` token, so padding never aliases end-of-text.
+* t5: a unigram model over whitespace-marked pieces (what SentencePiece trains), ``$A </s>``, pad = 0.
+* bart: RoBERTa's byte-level BPE and ``<s> $A </s>`` (BART reuses RoBERTa's vocabulary).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +33,7 @@ class Recipe:
     single: str
     pair: str
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")
+    unigram: bool = False  # T5's SentencePiece-style unigram model instead of BPE / WordPiece
 
 
 _BERT_ROLES = {
@@ -42,22 +46,27 @@ _BERT_ROLES = {
 _BERT_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 _BERT_TEMPLATES = {"single": "[CLS] $A [SEP]", "pair": "[CLS] $A [SEP] $B:1 [SEP]:1"}
 
+_ROBERTA_ROLES = {
+    "bos_token": "<s>",
+    "pad_token": "<pad>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+    "cls_token": "<s>",
+    "sep_token": "</s>",
+}
+
 RECIPES: dict[str, Recipe] = {
     "bert": Recipe(True, _BERT_ROLES, **_BERT_TEMPLATES, input_names=_BERT_INPUTS),
     "distilbert": Recipe(True, _BERT_ROLES, **_BERT_TEMPLATES),
-    "roberta": Recipe(
+    "roberta": Recipe(False, _ROBERTA_ROLES, single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>"),
+    "bart": Recipe(False, _ROBERTA_ROLES, single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>"),
+    "t5": Recipe(
         False,
-        {
-            "bos_token": "<s>",
-            "pad_token": "<pad>",
-            "eos_token": "</s>",
-            "unk_token": "<unk>",
-            "mask_token": "<mask>",
-            "cls_token": "<s>",
-            "sep_token": "</s>",
-        },
-        single="<s> $A </s>",
-        pair="<s> $A </s> </s> $B </s>",
+        {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
+        single="$A </s>",
+        pair="$A </s> $B </s>",
+        unigram=True,
     ),
     "gpt2": Recipe(
         False,
@@ -78,7 +87,7 @@ def train_tokenizer(texts: Sequence[str], family: str, vocab_size: int) -> PreTr
     """Train ``family``'s recipe on ``texts``; deterministic for a given input."""
     recipe = RECIPES[family]
     specials = list(dict.fromkeys(recipe.roles.values()))
-    train = _wordpiece if recipe.wordpiece else _byte_bpe
+    train = _unigram if recipe.unigram else _wordpiece if recipe.wordpiece else _byte_bpe
     tokenizer = train(specials, vocab_size, texts)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=recipe.single,
@@ -125,4 +134,26 @@ def _byte_bpe(specials: list[str], vocab_size: int, texts: Sequence[str]) -> Tok
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def _unigram(specials: list[str], vocab_size: int, texts: Sequence[str]) -> Tokenizer:
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>", show_progress=False
+    )
+    scratch = _unigram_pipeline(Tokenizer(models.Unigram()))
+    scratch.train_from_iterator(texts, trainer)
+    # The trainer's scores differ from run to run in their last bits (float sums in varying order), and it
+    # orders equal scores in hash-map order: round the scores and renumber the pieces by (score, piece)
+    # after the specials, so that the same texts always give the same ids.
+    pieces = [(piece, round(score, 9)) for piece, score in json.loads(scratch.to_str())["model"]["vocab"]]
+    rest = sorted((p for p in pieces if p[0] not in specials), key=lambda p: (-p[1], p[0]))
+    vocab = [next(p for p in pieces if p[0] == s) for s in specials] + rest
+    return _unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=specials.index("<unk>"))))
+
+
+def _unigram_pipeline(tokenizer: Tokenizer) -> Tokenizer:
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
     return tokenizer

@@ -10,14 +10,17 @@ import torch
 
 from fedlm.federation.params import NamedTensors, load_into
 from fedlm.federation.store import ClientStore
+from fedlm.run.label_prior import label_prior_scores, num_labels_of
 from fedlm.run.prepare import Prepared
+from fedlm.tasks import ClassificationTask
 
 
 class Evaluator:
     """Global model on the global test split; each evaluated client's model on its local test split.
 
     When clients keep local parameters (personalized runs), there is no single global model: each client's
-    own model (global part + its local part) is scored on the global test split too, as mean and std.
+    own model (global part + its local part) is scored on the global test split too, as mean and std. Beside
+    the local scores of a classification run goes each client's label prior (its majority training label).
     ``on_batch`` follows each scoring's batches (``Task.evaluate``), for a progress bar."""
 
     def __init__(self, prep: Prepared, store: ClientStore, personalized: bool,
@@ -28,6 +31,19 @@ class Evaluator:
         self.personalized = personalized
         self.batch_size = prep.config.eval.batch_size
         self.local = prep.config.eval.local and prep.config.protocol.kind != "centralized"
+        self.priors: dict[int, dict[str, float] | None] = {}  # label-prior scores per client, found once
+
+    def _prior(self, client_id: int) -> dict[str, float] | None:
+        """The client's label-prior score on its local test set (see ``label_prior``), computed once."""
+        if not isinstance(self.prep.task, ClassificationTask):  # no majority label to predict
+            return None
+        if client_id not in self.priors:
+            prep = self.prep
+            labels = num_labels_of(prep.loaded.label_names, prep.client_train.get(client_id, []),
+                                   prep.client_test[client_id])
+            self.priors[client_id] = label_prior_scores(prep.task, prep.client_train.get(client_id, []),
+                                                        prep.client_test[client_id], labels)
+        return self.priors[client_id]
 
     def _score(self, rows: list[dict]) -> dict[str, float]:
         generator = torch.Generator().manual_seed(self.prep.config.seed)
@@ -55,6 +71,8 @@ class Evaluator:
                     self._client_model(global_params, cid)
                     per_client[cid] = self._score(self.prep.client_test[cid])
             out.update(spread("local", per_client))
+            priors = {cid: prior for cid in per_client if (prior := self._prior(cid)) is not None}
+            out.update(spread("local_prior", priors))  # beside every local score: what the majority label gets
         return out
 
 

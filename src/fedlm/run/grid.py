@@ -1,61 +1,86 @@
-"""A config with a grid (or baselines) is many single runs under one directory, compared in one table."""
+"""A config with a grid, baselines or seeds is many single runs under one directory, compared in one table."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from fedlm.config import ExperimentConfig, dump_config, expand_grid, read_yaml, validate
-from fedlm.errors import UserError
+from fedlm.config import ExperimentConfig, GridRun, expand_runs
 from fedlm.run.downstream import run_downstream, task_of
 from fedlm.run.recorder import finished, read_metrics, slug
 from fedlm.run.report import markdown_table, plot_grid, summarize
+from fedlm.run.rundir import clear_run, read_written_config, refuse_existing, write_config
+from fedlm.run.seeds import SeededRow, seeded_table
 from fedlm.run.single import run_single
 from fedlm.tasks import get_task
 
+log = logging.getLogger("fedlm")
 
-def run_config(config: ExperimentConfig, data_dir: Path, output_dir: Path | None = None) -> Path:
-    """Run a config, or every combination of its grid; returns the run (or grid) directory."""
+
+def run_config(config: ExperimentConfig, data_dir: Path, output_dir: Path | None = None,
+               overwrite: bool = False) -> Path:
+    """Run a config, or every combination of its grid (under every seed); returns the run (or grid) directory.
+    A directory that already holds a run is refused unless ``overwrite`` (then each run replaces its own once
+    it has loaded)."""
     root = (output_dir or Path(config.output_dir)) / slug(config.name)
-    runs = expand_grid(config)
-    if len(runs) == 1 and not runs[0][0]:
-        row = run_single(config, data_dir, root)
+    refuse_existing(root, overwrite)
+    runs = expand_runs(config)
+    if len(runs) == 1 and not runs[0].label:
+        row = run_single(config, data_dir, root, overwrite=overwrite)
         print(markdown_table([row]))
         return root
-    return run_grid(config, runs, data_dir, root)
+    return run_grid(config, runs, data_dir, root, overwrite=overwrite)
 
 
-def run_grid(config: ExperimentConfig, runs: list[tuple[str, ExperimentConfig]], data_dir: Path, root: Path,
-             resume: bool = False) -> Path:
-    """Every run of the grid (resuming: the unfinished ones), then comparison.md and comparison.png."""
+def run_grid(config: ExperimentConfig, runs: list[GridRun], data_dir: Path, root: Path,
+             resume: bool = False, overwrite: bool = False) -> Path:
+    """Every run of the grid (resuming: the unfinished ones, each seed's on its own), then comparison.md (mean ±
+    sd over seeds, verdicts, every seed's row) and comparison.png (each setting's mean with its 95% band)."""
+    if overwrite and not (root / "grid.yaml").is_file():
+        clear_run(root)  # a single run where the grid goes: its files would not be replaced one by one
     root.mkdir(parents=True, exist_ok=True)
-    (root / "grid.yaml").write_text(dump_config(config))
-    rows, curves = [], []
-    target = ""
-    for label, sub in runs:
-        run_dir = root / slug(label)
+    write_config(root / "grid.yaml", config)
+    warn_without_isolated(config.name, runs)
+    rows: list[SeededRow] = []
+    curves: dict[str, list[list[dict]]] = {}
+    target, direction = "", "max"
+    for run in runs:
+        run_dir = root / slug(run.label)
+        sub = run.config.model_copy(update={"name": f"{config.name}[{run.label}]"})
         if not (resume and finished(run_dir, sub.protocol.rounds)):
-            sub = sub.model_copy(update={"name": f"{config.name}[{label}]"})
-            run_single(sub, data_dir, run_dir, resume=resume and (run_dir / "config.yaml").exists())
+            run_single(sub, data_dir, run_dir, resume=resume and (run_dir / "config.yaml").exists(),
+                       overwrite=overwrite)
         records = read_metrics(run_dir)
         target, direction = get_task(task_of(run_dir)).target_metric()
-        rows.append({"run": label, **summarize(records, target, direction, sub.eval.target, sub.eval.headline),
-                     **run_downstream(sub, data_dir, run_dir, True, run_single)})  # finishes an interrupted one
-        curves.append((label, records))
-    plot_grid(curves, target, root / "comparison.png", f"{config.name}: {target} per round", config.eval.headline)
-    table = markdown_table(rows)
+        row = {"run": run.label, **summarize(records, target, direction, sub.eval.target, sub.eval.headline),
+               **run_downstream(sub, data_dir, run_dir, True, run_single)}  # finishes an interrupted one
+        rows.append(SeededRow(run.setting or config.name, run.group, row))
+        curves.setdefault(run.setting or config.name, []).append(records)
+    plot_grid(list(curves.items()), target, root / "comparison.png", f"{config.name}: {target} per round",
+              config.eval.headline)
+    table = seeded_table(rows, target, direction)
     (root / "comparison.md").write_text(table)
     print(table)
     return root
 
 
+def warn_without_isolated(name: str, runs: list[GridRun]) -> None:
+    """A grid of personalised methods says so when it lacks isolated training, the baseline that shows what
+    clients reach from their own data alone (FedSplitBERT's c = 0)."""
+    configs = [run.config for run in runs]
+    personalised = any(c.sharing.critical_layer or c.sharing.local for c in configs)
+    isolated = any(c.protocol.kind == "isolated" or c.sharing.critical_layer == 0 for c in configs)
+    if personalised and not isolated:
+        log.warning("%s compares personalised methods without isolated training; add "
+                    "{label: isolated, protocol.kind: isolated} to its method axis (or to baselines)", name)
+
+
 def resume_run(run_dir: Path, data_dir: Path) -> Path:
-    """Continue a run (or every unfinished run of a grid) from its last checkpoint."""
+    """Continue a run (or every unfinished run of a grid, every seed's) from its last checkpoint."""
     if (run_dir / "grid.yaml").is_file():
-        config = validate(read_yaml(run_dir / "grid.yaml"))
-        return run_grid(config, expand_grid(config), data_dir, run_dir, resume=True)
-    if not (run_dir / "config.yaml").is_file():
-        raise UserError(f"--resume {run_dir}: no config.yaml there; give the directory a run wrote")
-    config = validate(read_yaml(run_dir / "config.yaml"))
+        config = read_written_config(run_dir / "grid.yaml")
+        return run_grid(config, expand_runs(config), data_dir, run_dir, resume=True)
+    config = read_written_config(run_dir / "config.yaml")
     row = run_single(config, data_dir, run_dir, resume=True)
     print(markdown_table([row]))
     return run_dir

@@ -8,7 +8,8 @@ import torch
 
 from fedlm.errors import UserError
 from fedlm.federation.params import nbytes, trainable_names
-from fedlm.federation.sharing import SharingPolicy, build_policy, layer_of
+from fedlm.federation.sharing import SharingPolicy, build_policy
+from fedlm.models.introspect import parameter_groups
 from fedlm.run.prepare import Prepared, num_clients_of
 from fedlm.split.executor import split_policy
 
@@ -29,7 +30,8 @@ def sharing_policy(prep: Prepared) -> SharingPolicy:
     """Resolve the config's sharing section on this model; parameters frozen for everyone stop needing grads."""
     names = trainable_names(prep.model)
     sizes = {cid: len(prep.client_train.get(cid, [])) for cid in range(num_clients_of(prep.config))}
-    policy = build_policy(prep.config.sharing, prep.config.protocol.kind, names, sizes)
+    policy = build_policy(prep.config.sharing, prep.config.protocol.kind, names, sizes,
+                          parameter_groups(prep.model))
     params = dict(prep.model.named_parameters())
     for name in policy.frozen_names:
         params[name].requires_grad_(False)
@@ -39,7 +41,7 @@ def sharing_policy(prep: Prepared) -> SharingPolicy:
 def encoder_is_global(policy: SharingPolicy) -> bool:
     """Every embedding and block is shared, so one encoder exists (clients may keep pre-training heads,
     which downstream fine-tuning replaces anyway)."""
-    return all(layer_of(name) == "head" for name in policy.local_names)
+    return all(policy.group(name) == "head" for name in policy.local_names)
 
 
 def describe_policy(policy: SharingPolicy, model: torch.nn.Module) -> dict[str, Any]:

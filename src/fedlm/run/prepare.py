@@ -6,42 +6,65 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
-import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from fedlm.config import ExperimentConfig, IidPartitionConfig
+from fedlm.config import ExperimentConfig, GenerationConfig, IidPartitionConfig
+from fedlm.data.inputs import partition_input, partition_labels  # noqa: F401 (partition_labels: run.single)
 from fedlm.data.partition import Partition, PartitionInput, build_partitioner, holdout_split, partition_cached
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
-from fedlm.models.build import build_model, build_tokenizer
+from fedlm.models.adapters import Adapter, apply_adapter
+from fedlm.models.build import build_model, build_tokenizer, check_max_length
 from fedlm.models.device import check_precision, resolve_device
+from fedlm.models.presets import is_decoder_family
 from fedlm.tasks import MaskedLMTask, Task, get_task
-
-DECODERS = ("gpt2", "llama")
 
 
 def resolve_task(requested: str, data_kind: str, family: str) -> str:
     """The task a run trains: the config's, or the one its data implies (LM text -> masked or causal LM)."""
     if requested != "auto":
+        if requested == "seq2seq" and data_kind != "seq2seq":
+            raise UserError("task = 'seq2seq' needs source and target text: map the target column with "
+                            "data.columns {text: <source column>, target: <target column>}")
+        if requested in ("tagging", "qa") and data_kind != requested:
+            what = "tagged sentences (CoNLL columns or tokens/tags JSONL)" if requested == "tagging" else (
+                "questions with contexts and answers (SQuAD JSON or JSONL)")
+            raise UserError(f"task = {requested!r} needs {what}, but the data source is {data_kind} data")
         if requested not in ("mlm", "clm") and data_kind == "lm":
             raise UserError(f"task = {requested!r} needs labels, but the data source is unlabeled text")
         return requested
     if data_kind == "lm":
-        return "clm" if family in DECODERS else "mlm"
+        return "clm" if is_decoder_family(family) else "mlm"
     return data_kind
 
 
 def num_clients_of(config: ExperimentConfig) -> int:
-    return 1 if config.protocol.kind == "centralized" else config.partition.num_clients
+    return config.num_clients()
 
 
-def build_task(config: ExperimentConfig, task_name: str) -> Task:
-    """The task object; ``train.mask_rate`` belongs to masked LM only."""
+def build_task(config: ExperimentConfig, task_name: str, label_names: list[str] | None = None,
+               encoder_decoder: bool = False) -> Task:
+    """The task object; ``train.mask_rate`` belongs to masked LM only, ``generation`` to seq2seq only
+    (``encoder_decoder``: the model has an encoder and a decoder, else seq2seq prompts a decoder-only LM)."""
+    if task_name == "seq2seq":
+        if encoder_decoder and config.split is not None:
+            raise UserError(f"split learning cuts one stack of blocks, and this {config.model.family} model is an "
+                            "encoder-decoder; use a decoder-only family for split seq2seq, or remove the split section")
+        gen = config.generation
+        return get_task(task_name, encoder_decoder=encoder_decoder, num_beams=gen.num_beams,
+                        max_new_tokens=gen.max_new_tokens)
+    if config.generation != GenerationConfig():
+        raise UserError(f"generation is for seq2seq, but the task is {task_name}: remove the generation section")
     if task_name == "mlm":
         return get_task(task_name, mask_rate=config.train.mask_rate)
     if config.train.mask_rate != MaskedLMTask.default_mask_rate:
         raise UserError(f"train.mask_rate is for masked LM, but the task is {task_name}: remove train.mask_rate")
+    if task_name == "tagging":  # seqeval scores tag strings: the training split's tag set
+        return get_task(task_name, label_names=label_names)
+    if task_name == "qa":
+        return get_task(task_name, doc_stride=config.model.doc_stride,
+                        max_answer_length=config.eval.max_answer_length)
     return get_task(task_name)
 
 
@@ -61,15 +84,7 @@ class Prepared:
     train_partition: Partition
     train_input: PartitionInput
     partition_sizes: dict[str, list[int]] = field(default_factory=dict)
-
-
-def partition_input(loaded: LoadedData, split: str) -> PartitionInput:
-    """What a partitioner sees of one split: its size, labels, texts and any extra (natural) columns."""
-    ds = loaded.splits[split]
-    labels = np.asarray(ds["label"]) if "label" in ds.column_names else None
-    extra = {c: ds[c] for c in ds.column_names if c not in ("text", "text_pair", "label")}
-    return PartitionInput(n=len(ds), labels=labels, texts=ds["text"], columns=extra or None,
-                          fingerprint=f"{loaded.fingerprint}:{split}")
+    adapter: Adapter | None = None  # with one, ``model`` holds it and only its weights (+ head) train
 
 
 def split_rows(task: Task, ds: datasets.Dataset, part: Partition, tokenizer: PreTrainedTokenizerBase,
@@ -86,7 +101,8 @@ def load_data(config: ExperimentConfig, data_dir: Path) -> LoadedData:
     data = config.data
     return load_source(data.source, data_dir, columns=data.columns, file_format=data.format,
                        test_fraction=data.test_fraction, seed=config.seed,
-                       max_train_examples=data.max_train_examples, max_test_examples=data.max_test_examples)
+                       max_train_examples=data.max_train_examples, max_test_examples=data.max_test_examples,
+                       task=config.task)
 
 
 def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = None) -> Prepared:
@@ -103,16 +119,26 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
         train_part, test_part = holdout_split(train_part, partitioner.holdout, config.seed)
         local_test_source = train
     else:  # the test split partitioned with the same seed: each client's label mix matches its train share
-        test_part = partition_cached(partitioner, partition_input(loaded, "test"), n_clients, config.seed, cache_dir)
+        test_input = partition_input(loaded, "test")
+        if test_input.n < n_clients:
+            raise UserError(f"the test split has {test_input.n} examples, fewer than the {n_clients} clients that "
+                            f"each need a share of it (the training data has {train_input.n}); lower "
+                            "partition.num_clients, or set partition.holdout to carve each client's local test "
+                            "examples from its training share")
+        test_part = partition_cached(partitioner, test_input, n_clients, config.seed, cache_dir)
         local_test_source = loaded.splits["test"]
-    texts = list(train["text"]) + (list(train["text_pair"]) if "text_pair" in train.column_names else [])
+    texts = train["text"][:] + [t for c in ("text_pair", "target") if c in train.column_names for t in train[c][:]]
     tokenizer = build_tokenizer(config.model.checkpoint, config.model.family, texts,
                                 config.model.vocab_size, cache_dir)
     num_labels = len(loaded.label_names) if loaded.label_names else None
     model = build_model(config.model.family, config.model.preset, task_name, tokenizer, num_labels=num_labels,
-                        checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed)
+                        checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed,
+                        pooling=config.model.pooling)
+    check_max_length(model, config.model.max_length)
+    adapter = apply_adapter(config.adapter, model, task_name, config.seed) if config.adapter is not None else None
     model.to(device)  # every copy (split clients, trunk) and every loaded tensor follows the model's device
-    task = build_task(config, task_name)
+    task = build_task(config, task_name, loaded.label_names,
+                      encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)))
     task.precision = config.train.precision  # evaluation autocasts as training does
     max_len = config.model.max_length
     test_ds = task.preprocess(loaded.splits["test"], tokenizer, max_len)
@@ -122,5 +148,5 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
         client_test=split_rows(task, local_test_source, test_part, tokenizer, max_len),
         test_rows=test_ds.to_list(),
         partition_sizes={"train": train_part.sizes().tolist(), "test": test_part.sizes().tolist()},
-        train_partition=train_part, train_input=train_input,
+        train_partition=train_part, train_input=train_input, adapter=adapter,
     )

@@ -3,7 +3,8 @@
     run_dir/config.yaml        the resolved config (the run is reproducible from it and its seed)
     run_dir/data.json          data source, split note, partition sizes
     run_dir/metrics.jsonl      one record per round
-    run_dir/checkpoint/        global parameters, strategy state, client local states of the last round
+    run_dir/checkpoint/        state.pt: the last checkpoint (global parameters, strategy state, the clients'
+                               local states or which client_states/ files hold them), written in one step
     run_dir/model/             the final model (save_pretrained) and tokenizer
     run_dir/*.png, summary.md  learning curves and the summary table
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from fedlm.errors import UserError
+from fedlm.federation.durable import save_atomic, write_text_atomic
 
 CHECKPOINT = "checkpoint"
 
@@ -37,16 +40,19 @@ def _clean(value: Any) -> Any:
 
 
 class RunRecorder:
+    """Reads and writes one run directory; creates it only when a run starts afresh (``start_afresh``)."""
+
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = run_dir / "metrics.jsonl"
 
     def start_afresh(self, config_yaml: str) -> None:
-        """A new run: no metrics from an earlier one, and the resolved config written first."""
+        """A new run: no metrics from an earlier one, and the resolved config written first (whole or not at
+        all, since resuming reads it back)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.metrics_path.exists():
             self.metrics_path.unlink()
-        self.write_text("config.yaml", config_yaml)
+        write_text_atomic(self.run_dir / "config.yaml", config_yaml)
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
         (self.run_dir / name).write_text(json.dumps(_clean(payload), indent=2))
@@ -55,42 +61,54 @@ class RunRecorder:
         (self.run_dir / name).write_text(text)
 
     def log_round(self, record: dict[str, Any]) -> None:
+        """Append one record, on disk before the round's checkpoint is (a resumed run keeps what it names)."""
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(_clean(record)) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def records(self) -> list[dict[str, Any]]:
         return read_metrics(self.run_dir)
 
     def truncate_after(self, round_idx: int) -> None:
-        """Drop records of rounds after the checkpoint, so a resumed run does not log them twice."""
-        kept = [r for r in self.records() if r.get("round", 0) <= round_idx]
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-
-    def save_checkpoint(self, round_idx: int, state: dict[str, Any]) -> None:
-        folder = self.run_dir / CHECKPOINT
-        folder.mkdir(exist_ok=True)
-        tmp = folder / "state.pt.tmp"
-        torch.save({"round": round_idx, **state}, tmp)
-        tmp.replace(folder / "state.pt")
-
-    def load_checkpoint(self) -> dict[str, Any] | None:
-        path = self.run_dir / CHECKPOINT / "state.pt"
-        if not path.is_file():
-            return None
-        return torch.load(path, weights_only=False)
+        """Drop records of rounds after the checkpoint, so a resumed run does not log them twice (a record
+        that a crash cut short while it was appended is one of them: it lacks its newline)."""
+        text = self.metrics_path.read_text() if self.metrics_path.is_file() else ""
+        whole = text[: text.rfind("\n") + 1]
+        kept = [r for r in parse_metrics(whole, self.metrics_path) if r.get("round", 0) <= round_idx]
+        write_text_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
     @property
-    def client_store_path(self) -> Path:
-        (self.run_dir / CHECKPOINT).mkdir(exist_ok=True)
-        return self.run_dir / CHECKPOINT / "clients.pt"
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT / "state.pt"
+
+    def save_checkpoint(self, round_idx: int, state: dict[str, Any]) -> None:
+        """The checkpoint of ``round_idx`` in one atomic step: the file is the old one or the new one."""
+        self.checkpoint_path.parent.mkdir(exist_ok=True)
+        save_atomic({"round": round_idx, **state}, self.checkpoint_path)
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        path = self.checkpoint_path
+        if not path.is_file():
+            return None
+        try:
+            return torch.load(path, weights_only=False)
+        except Exception as exc:  # a damaged file: torch raises many kinds (EOF, unpickling, zip errors)
+            raise UserError(f"{path} cannot be read ({type(exc).__name__}): the checkpoint is damaged; start "
+                            "the run afresh (fedlm run ... --overwrite)") from None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
+    return parse_metrics(path.read_text(), path)
+
+
+def parse_metrics(text: str, path: Path) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl's ``text``; a line that is not JSON stops with one line naming it."""
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -106,6 +124,8 @@ def slug(text: str) -> str:
 
 
 def finished(run_dir: Path, rounds: int) -> bool:
-    """The run recorded its last round and saved its final model."""
+    """The run recorded its last round, saved its final model and wrote its summary, the last thing a run
+    writes (a run killed while saving its model has no summary yet)."""
     records = read_metrics(run_dir)
-    return bool(records) and records[-1].get("round") == rounds and (run_dir / "model").exists()
+    return (bool(records) and records[-1].get("round") == rounds and (run_dir / "model").exists()
+            and (run_dir / "summary.md").is_file())

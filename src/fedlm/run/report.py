@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
+
+from fedlm.metrics import mean_interval
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -79,18 +82,24 @@ def _cumulative_mb(values: list[float]) -> list[float]:
     return out
 
 
-def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str, path: Path, title: str,
+def plot_grid(runs: Sequence[tuple[str, Sequence[Sequence[dict[str, Any]]]]], metric: str, path: Path, title: str,
               split: str = "test") -> Path:
-    """Overlaid learning curves of every run in a grid."""
+    """Overlaid learning curves of every setting in a grid, each given as its seeds' records: one seed is drawn
+    as it is, several as their mean per round with the 95% t-interval of the mean shaded."""
     legend_rows = (len(runs) + 1) // 2
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2 + 0.2 * legend_rows))
     colors = plt.cm.tab20.colors if len(runs) > 10 else plt.cm.tab10.colors
-    for i, (label, records) in enumerate(runs):
+    for i, (label, seeds) in enumerate(runs):
         color = colors[i % len(colors)]
-        key = headline_key(records, metric, split)
-        if key:
-            axes[0].plot(*metric_series(records, key), marker="o", ms=3, label=label, color=color)
-        axes[1].plot(*metric_series(records, "train_loss"), label=label, color=color)
+        name = f"{label} (mean of {len(seeds)} seeds)" if len(seeds) > 1 else label
+        key = next((k for records in seeds if (k := headline_key(records, metric, split))), None)
+        for ax, series_key, marker in ((axes[0], key, "o"), (axes[1], "train_loss", None)):
+            if series_key is None:
+                continue
+            rounds, mean, low, high = seed_band(seeds, series_key)
+            ax.plot(rounds, mean, marker=marker, ms=3, label=name, color=color)
+            if len(seeds) > 1:
+                ax.fill_between(rounds, low, high, color=color, alpha=0.15, linewidth=0)
     axes[0].set_ylabel(metric)
     if metric == "perplexity":  # from thousands at the start to tens: only a log axis shows the methods apart
         axes[0].set_yscale("log")
@@ -106,6 +115,21 @@ def plot_grid(runs: Sequence[tuple[str, Sequence[dict[str, Any]]]], metric: str,
     return path
 
 
+def seed_band(seeds: Sequence[Sequence[dict[str, Any]]], key: str
+              ) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Per round: the mean over seeds of ``key`` and its 95% t-interval (the mean itself where one seed has it)."""
+    by_round: dict[int, list[float]] = {}
+    for records in seeds:
+        for round_idx, value in zip(*metric_series(records, key), strict=True):
+            by_round.setdefault(round_idx, []).append(value)
+    rounds = sorted(by_round)
+    stats = [mean_interval(np.array(by_round[r])) for r in rounds]
+    half = [0.0 if math.isnan(h) else h for _, _, h in stats]
+    means = [m for m, _, _ in stats]
+    return rounds, means, [m - h for m, h in zip(means, half, strict=True)], [
+        m + h for m, h in zip(means, half, strict=True)]
+
+
 def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
               goal: float | None = None, split: str = "test") -> dict[str, Any]:
     """Final and best headline metric, rounds, bytes and time of one run (and, given a goal score, the
@@ -118,18 +142,39 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
     last = records[-1] if records else {}
     std_key = _spread_key(key, metric, last)
     reached = _first_reaching(records, key, direction, goal) if key and goal is not None else {}
+    prior = _label_prior(records, metric) if key and key.startswith("local_") else {}
     return {
         "rounds": int(last.get("round", 0)),
         f"start {metric}": start,
         f"final {metric}": trained[-1] if trained else math.nan,
         f"best {metric}": best,
+        **prior,
         "spread (std over clients)": last.get(std_key) if std_key else None,
         "MB up": sum(r.get("bytes_up", 0) for r in records) / 1e6,
         "MB down": sum(r.get("bytes_down", 0) for r in records) / 1e6,
         "wall s": sum(r.get("wall_s", 0.0) for r in records),
         "train s/round": _mean([r["train_s"] for r in records if r.get("round", 0) > 0 and "train_s" in r]),
         **reached,
+        **_privacy(records),
     }
+
+
+def _privacy(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run's final epsilon at its delta (differential privacy), {} without DP; "inf" where noise was 0 (the
+    record holds null: JSON has no infinity)."""
+    last = next((r for r in reversed(records) if "dp_epsilon" in r), None)
+    if last is None:
+        return {}
+    eps = last["dp_epsilon"]
+    return {f"epsilon ({last['dp_kind']}, delta={last['dp_delta']:g})": "inf" if eps is None else eps}
+
+
+def _label_prior(records: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """The clients' mean label-prior score on their local test sets (each client predicting the majority label
+    of its own training data), beside the local headline it must be read against; {} where none was scored."""
+    key = f"local_prior_{metric}_mean"
+    value = next((r[key] for r in reversed(records) if isinstance(r.get(key), int | float)), None)
+    return {} if value is None else {f"label prior {metric} (local)": value}
 
 
 def _spread_key(key: str | None, metric: str, last: dict[str, Any]) -> str | None:
@@ -163,11 +208,13 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     headers = list(dict.fromkeys(h for row in rows for h in row))
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(h)) for h in headers) + " |")
+        lines.append("| " + " | ".join(format_value(row.get(h)) for h in headers) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A table cell: '-' for nothing or NaN, floats to 4 decimals (1 from 100 up), anything else as its str
+    (a score over seeds shows its own mean ± sd)."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -193,23 +240,26 @@ def pivot_table(cells: Sequence[tuple[str, str, dict[str, Any], str]]) -> str:
     def cell(r: str, c: str) -> dict[str, Any] | None:
         return value.get((r, c)) or next((v for (_, cc), v in value.items() if cc == c and c in single), None)
 
-    def starts(r: str) -> str:
-        found = [cell(r, c).get(f"start {metric}") for c in col_names if cell(r, c)]
-        unique = list(dict.fromkeys(_fmt(v) for v in found if isinstance(v, float)))
-        return " / ".join(unique) or "-"
+    def unique(r: str, key: str) -> str:
+        found = [format_value(s.get(key)) for c in col_names if (s := cell(r, c))]
+        return " / ".join(dict.fromkeys(v for v in found if v != "-")) or "-"
 
-    lines = [f"| {metric}: final (best) | start (round 0) | " + " | ".join(col_names) + " |",
-             "|---|---|" + "---|" * len(col_names)]
+    prior = f"label prior {metric} (local)"
+    extra = [prior] if any(prior in s for s in value.values()) else []
+    lines = [f"| {metric}: final (best) | start (round 0) | " + "".join(f"{e} | " for e in extra)
+             + " | ".join(col_names) + " |", "|---|---|" + "---|" * (len(col_names) + len(extra))]
     for r in row_names:
-        out = [f"{_fmt(s[f'final {metric}'])} ({_fmt(s[f'best {metric}'])})" if (s := cell(r, c)) else "-"
-               for c in col_names]
-        lines.append(f"| {r} | {starts(r)} | " + " | ".join(out) + " |")
+        out = [f"{format_value(s[f'final {metric}'])} ({format_value(s[f'best {metric}'])})" if (s := cell(r, c))
+               else "-" for c in col_names]
+        lines.append(f"| {r} | {unique(r, f'start {metric}')} | " + "".join(f"{unique(r, e)} | " for e in extra)
+                     + " | ".join(out) + " |")
     if any("MB to target" in s for s in value.values()):
         lines += ["", "| MB to target (round) | target | " + " | ".join(col_names) + " |",
                   "|---|---|" + "---|" * len(col_names)]
         for r in row_names:
             goals = [s.get("target") for c in col_names if (s := cell(r, c))]
-            out = [f"{_fmt(s.get('MB to target'))} ({_fmt(s.get('round to target'))})" if (s := cell(r, c)) else "-"
-                   for c in col_names]
-            lines.append(f"| {r} | {_fmt(next((g for g in goals if g is not None), None))} | " + " | ".join(out) + " |")
+            out = [f"{format_value(s.get('MB to target'))} ({format_value(s.get('round to target'))})"
+                   if (s := cell(r, c)) else "-" for c in col_names]
+            goal = format_value(next((g for g in goals if g is not None), None))
+            lines.append(f"| {r} | {goal} | " + " | ".join(out) + " |")
     return "\n".join(lines) + "\n"

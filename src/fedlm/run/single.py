@@ -13,24 +13,28 @@ from typing import Any, Protocol
 
 import torch
 
-from fedlm.config import ExperimentConfig, ProtocolConfig, dump_config
+from fedlm.config import ExperimentConfig, ProtocolConfig
 from fedlm.data.partition_stats import write_partition_report
 from fedlm.errors import RunStopped, UserError
 from fedlm.federation.codecs import Codec, get_codec
+from fedlm.federation.dp_sgd import refuse_unsupported
 from fedlm.federation.engine import EngineHooks, Executor, RoundEngine, RoundFailed, RoundPlan
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import NamedTensors, load_into, snapshot
+from fedlm.federation.privacy import PrivacySpec, with_privacy
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.store import ClientStore, make_client_store
 from fedlm.federation.strategies import Strategy, build_strategy
+from fedlm.run.checkpoint import checkpointer, load_checkpoint
 from fedlm.run.downstream import run_downstream
 from fedlm.run.evaluate import Evaluator
 from fedlm.run.policy import describe_policy, encoder_is_global, run_policy
-from fedlm.run.prepare import Prepared, num_clients_of, prepare
+from fedlm.run.prepare import Prepared, num_clients_of, partition_labels, prepare
 from fedlm.run.progress import RoundProgress, announce
 from fedlm.run.recorder import RunRecorder
 from fedlm.run.report import markdown_table, plot_run, summarize
+from fedlm.run.rundir import clear_run, config_text, refuse_existing
 from fedlm.run.tracking import Trackers, open_trackers
 from fedlm.split.executor import RemoteClients, SplitExecutor
 from fedlm.split.trunk import TrunkBackend
@@ -52,48 +56,54 @@ RemoteFactory = Callable[[TrunkBackend, Codec], RemoteClients]
 
 
 def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resume: bool = False,
-               executor_factory: ExecutorFactory | None = None,
+               overwrite: bool = False, executor_factory: ExecutorFactory | None = None,
                split_remote: RemoteFactory | None = None) -> dict[str, Any]:
-    """Run (or resume) one experiment into ``run_dir``; returns its summary row. ``executor_factory`` runs
-    the clients elsewhere (Flower); for a split run, ``split_remote`` does (see ``SplitExecutor``)."""
+    """Run (or resume) one experiment into ``run_dir``; returns its summary row. A new run refuses a directory
+    holding a run unless ``overwrite``, and replaces it only once its config, data and model have loaded.
+    ``executor_factory`` runs the clients elsewhere (Flower); for a split run, ``split_remote`` does (see
+    ``SplitExecutor``)."""
     if config.split is not None and executor_factory is not None and split_remote is None:
         raise UserError("this deployment runs FedAvg clients only; split learning needs the trunk served to the "
                         "clients (split_remote), as fedlm's Flower ServerApp does")
+    if not resume:
+        refuse_existing(run_dir, overwrite)
     trackers = open_trackers(config, run_dir, resume)  # a missing tracker package stops the run here
     recorder = RunRecorder(run_dir)
-    checkpoint = recorder.load_checkpoint() if resume else None
-    if not resume:
-        recorder.start_afresh(dump_config(config))
+    checkpoint = load_checkpoint(recorder, config) if resume else None  # another config's: refused here
     start = checkpoint["round"] + 1 if checkpoint is not None else 1
     n_clients = num_clients_of(config)
     plan = round_plan(config, n_clients)
     announce(config.name, config.protocol.kind, plan, n_clients, start, run_dir)
     torch.manual_seed(config.seed)
     prep = prepare(config, data_dir, cache_dir=Path(config.output_dir) / ".cache")
-    record_inputs(recorder, prep)
     policy = run_policy(prep)
-    recorder.write_json("sharing.json", describe_policy(policy, prep.model))
+    if config.privacy.kind == "sample":  # the task is known only now; refused before the run directory is touched
+        refuse_unsupported(config.model.family, prep.task_name)
+    if checkpoint is None:  # a new run (or nothing was checkpointed): it starts over, its starting point included
+        if overwrite and not resume:
+            clear_run(run_dir)  # only now: config, data and model have loaded
+        recorder.start_afresh(config_text(config))
     initial = snapshot(prep.model, policy.global_names + policy.local_names)
     store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
-                              recorder.client_store_path, run_dir / "client_states")
+                              run_dir / "client_states")
     global_params = {n: initial[n] for n in policy.global_names}
-    strategy = build_strategy(config.protocol)
+    strategy = private(build_strategy(config.protocol), prep, plan, n_clients)
     codec = run_codec(config.protocol)
     if checkpoint is not None:
+        store.restore(checkpoint["clients"], checkpoint["round"])  # one that does not fit is refused here
         if config.split is not None and config.split.optimizer_state == "carry":
             log.warning("%s: split.optimizer_state carry: checkpoints hold no optimizer state, so the resumed "
                         "rounds start the trunk's and the client parts' optimizers afresh", config.name)
         global_params = checkpoint["global"]
         strategy.load_state_dict(checkpoint["strategy"])
-        store.restore()
         recorder.truncate_after(checkpoint["round"])
-    elif resume:  # nothing was checkpointed: the run starts over, its starting point included
-        recorder.truncate_after(-1)
+    record_inputs(recorder, prep)
+    recorder.write_json("sharing.json", describe_policy(policy, prep.model))
     progress = RoundProgress(config.name, config.protocol.rounds, start, prep.task.target_metric()[0])
-    settings = LocalSettings.from_config(config.train)
+    settings = LocalSettings.from_config(config.train, PrivacySpec.from_config(config.privacy).client_settings())
     evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.eval_batch)
     hooks = EngineHooks(evaluate=progress.evaluating(evaluator), record=recording(recorder, trackers),
-                        checkpoint=checkpointer(recorder, store, strategy), on_round=progress.round_done,
+                        checkpoint=checkpointer(recorder, store, strategy, config), on_round=progress.round_done,
                         frozen_for=policy.frozen_for)
     executor = progress.watch(build_executor(prep, policy, codec, store, settings, hooks, progress,
                                              executor_factory, split_remote), prep.client_train)
@@ -123,7 +133,17 @@ def record_inputs(recorder: RunRecorder, prep: Prepared) -> None:
         "partition": config.partition.spec(), "client_sizes": prep.partition_sizes,
     })
     write_partition_report(recorder.run_dir / "partition", prep.train_partition, prep.train_input,
-                           prep.loaded.label_names)
+                           partition_labels(prep.loaded, "train")[1])
+
+
+def private(strategy: Strategy, prep: Prepared, plan: RoundPlan, n_clients: int) -> Strategy:
+    """The strategy inside the privacy section's wrapper (client-level noise, the epsilon ledger); itself without
+    DP."""
+    config = prep.config
+    spec = PrivacySpec.from_config(config.privacy)
+    return with_privacy(strategy, spec, num_clients=n_clients, clients_per_round=plan.clients_per_round,
+                        client_examples={cid: len(rows) for cid, rows in prep.client_train.items()},
+                        batch_size=config.train.batch_size, seed=config.seed)
 
 
 def run_codec(protocol: ProtocolConfig) -> Codec:
@@ -154,16 +174,6 @@ def recording(recorder: RunRecorder, trackers: Trackers) -> Callable[[dict[str, 
     return record
 
 
-def checkpointer(recorder: RunRecorder, store: ClientStore, strategy: Strategy) -> Callable[[int, NamedTensors], None]:
-    """The engine's checkpoint hook: the clients' local states, then the global state and the strategy's."""
-
-    def save(round_idx: int, params: NamedTensors) -> None:
-        store.commit()
-        recorder.save_checkpoint(round_idx, {"global": params, "strategy": strategy.state_dict()})
-
-    return save
-
-
 def build_executor(prep: Prepared, policy: SharingPolicy, codec: Codec, store: ClientStore, settings: LocalSettings,
                    hooks: EngineHooks, progress: RoundProgress, executor_factory: ExecutorFactory | None,
                    split_remote: RemoteFactory | None) -> Executor:
@@ -176,7 +186,8 @@ def build_executor(prep: Prepared, policy: SharingPolicy, codec: Codec, store: C
         return InProcessExecutor(prep.model, prep.task, prep.client_train, codec, store, policy.local_names,
                                  progress=progress.client_done, on_step=progress.step)
     executor = SplitExecutor(prep.model, prep.config.split, prep.task, prep.client_train, codec, store, settings,
-                             hook=progress.boundary_message, progress=progress.client_done, remote=split_remote)
+                             hook=progress.boundary_message, progress=progress.client_done, remote=split_remote,
+                             max_length=prep.config.model.max_length)
     hooks.downlink, hooks.begin_round = executor.downlink, executor.begin_round
     hooks.server_params = executor.server_params  # the trunk (and share's parts) enter the global model here
     return executor
@@ -190,13 +201,20 @@ def save_final_model(prep: Prepared, final: NamedTensors, store: ClientStore, pa
         for cid in range(min(n_clients, 10)):
             load_into(prep.model, final)
             load_into(prep.model, store.get(cid))
-            prep.model.save_pretrained(path / f"client_{cid}")
-            prep.tokenizer.save_pretrained(path / f"client_{cid}")
+            save_pretrained(prep, path / f"client_{cid}")
         if not head_only:
             return
         load_into(prep.model, store.get(0))
     load_into(prep.model, final)
-    prep.model.save_pretrained(path)
+    save_pretrained(prep, path)
+
+
+def save_pretrained(prep: Prepared, path: Path) -> None:
+    """The model as it is now, with its tokenizer; with an adapter, the adapter (peft's save_pretrained)."""
+    if prep.adapter is not None:
+        prep.adapter.save(path)
+    else:
+        prep.model.save_pretrained(path)
     prep.tokenizer.save_pretrained(path)
 
 

@@ -25,6 +25,7 @@ from fedlm.federation.local_training import (
     check_deadline,
     clip_and_step,
     make_optimizer,
+    row_lengths,
 )
 from fedlm.federation.params import load_into
 from fedlm.federation.strategies import ClientUpdate
@@ -57,7 +58,8 @@ def client_steps(client: SplitModel, task: Task, rows: Sequence[dict], settings:
     optimizer = make_optimizer(params, settings) if optimizer is None else optimizer
     device = model_device(client.model)
     tally = LossTally()
-    for step, batch_rows in enumerate(batch_order(len(rows), settings, generator)):
+    lengths = row_lengths(rows) if settings.group_by_length else None
+    for step, batch_rows in enumerate(batch_order(len(rows), settings, generator, lengths)):
         check_deadline(deadline, step)
         batch = to_device(task.collate([rows[i] for i in batch_rows], generator), client.model)
         with autocast(device, settings.precision):

@@ -48,12 +48,14 @@ class SplitExecutor:
 
     ``remote`` puts the clients on other machines (Flower): given this process's trunk backend and the
     codec, it returns the :class:`RemoteClients` that reach them. ``hook`` sees every boundary message.
+    ``max_length`` (the config's ``model.max_length``) bounds the sequences the trunk accepts.
     """
 
     def __init__(self, model: torch.nn.Module, spec: SplitConfig, task: Task, client_rows: dict[int, Sequence[dict]],
                  codec: Codec, store: ClientStore, settings: LocalSettings, *, hook: MessageHook | None = None,
                  progress: Callable[[int], None] | None = None,
-                 remote: Callable[[TrunkBackend, Codec], RemoteClients] | None = None) -> None:
+                 remote: Callable[[TrunkBackend, Codec], RemoteClients] | None = None,
+                 max_length: int | None = None) -> None:
         self.mode = TRUNK_MODES[spec.trunk_mode]()
         self.policy = CLIENT_PARTS[spec.client_parts]()
         self.optimizer_state = OPTIMIZER_STATES[spec.optimizer_state](self.policy.relays)
@@ -67,7 +69,7 @@ class SplitExecutor:
                             "client_parts share or average and optimizer_state reset (client_batch's lockstep "
                             "and state kept per client need the clients in this process)")
         self.progress = progress
-        self.backend = build_trunk_backend(self.server, spec, settings)
+        self.backend = build_trunk_backend(self.server, spec, settings, max_length)
         self.clients: Clients
         if remote is None:
             connect = CONNECTIONS[spec.transport](self.backend, sorted(map(str, client_rows)), hook,

@@ -190,18 +190,23 @@ def serve_trunk(
     tokens: Mapping[str, str],
     tls: tuple[bytes, bytes] | None = None,
     client_ca_pem: bytes | None = None,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_message_bytes: int | None = None,
     stream_timeout_s: float = 600.0,
     max_sessions: int = 16,
     hook: MessageHook | None = None,
 ) -> TrunkServer:
     """Serve ``backend`` at ``address``; ``tls`` is (cert PEM, key PEM), ``client_ca_pem`` demands client
     certificates signed by that CA. A session idle for ``stream_timeout_s`` is closed and its pending
-    forwards dropped; beyond ``max_sessions`` concurrent sessions, new ones get RESOURCE_EXHAUSTED."""
+    forwards dropped; beyond ``max_sessions`` concurrent sessions, new ones get RESOURCE_EXHAUSTED.
+    ``max_message_bytes`` defaults to the largest message the backend's limits admit (at most 64 MiB), so
+    an oversized message is refused by gRPC before it is read into memory."""
     if not tokens:
         raise ValueError("serve_trunk needs at least one client id -> token")
     if client_ca_pem is not None and tls is None:
         raise ValueError("client certificates (client_ca_pem) need TLS: pass tls=(cert_pem, key_pem)")
+    if max_message_bytes is None:
+        admitted = backend.limits.max_message_bytes(backend.hidden_size)
+        max_message_bytes = min(admitted or DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES)
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_sessions, thread_name_prefix="fedlm-trunk"),
         options=_size_options(max_message_bytes),

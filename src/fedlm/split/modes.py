@@ -22,7 +22,7 @@ from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings, make_optimizer
 from fedlm.federation.params import NamedTensors
 from fedlm.models.cut import SplitModel
-from fedlm.split.trunk import WIRE_DTYPES, TrunkBackend
+from fedlm.split.trunk import WIRE_DTYPES, TrunkBackend, TrunkLimits
 from fedlm.split.trunk_batching import BatchingTrunkBackend
 
 Result = ClientReport | ClientFailure
@@ -131,11 +131,14 @@ TRUNK_MODES: dict[str, type[TrunkMode]] = {
 }
 
 
-def build_trunk_backend(split: SplitModel, spec: SplitConfig, settings: LocalSettings) -> TrunkBackend:
+def build_trunk_backend(split: SplitModel, spec: SplitConfig, settings: LocalSettings,
+                        max_length: int | None = None) -> TrunkBackend:
     """The server's trunk as a config describes it: the trunk mode's backend over ``split``'s trunk, the
     training optimizer (a factory, so a turn can start it afresh), gradient clipping at
     ``train.max_grad_norm``, activations and gradients taken in ``split.activation_dtype`` only, and the
-    trunk computing under ``train.precision``'s autocast on the device its parameters are on.
+    trunk computing under ``train.precision``'s autocast on the device its parameters are on, and messages
+    bounded to what a client of this run sends (:meth:`TrunkLimits.for_model`: the model's positions,
+    ``max_length`` (the config's ``model.max_length``) when given, one ``train.batch_size`` batch).
 
     fp16 is refused: its loss scale would have to cross the boundary with every gradient (a client's scaled
     gradient overflowing is routine for a loss scaler, but a non-finite message is refused), so split runs
@@ -146,4 +149,5 @@ def build_trunk_backend(split: SplitModel, spec: SplitConfig, settings: LocalSet
     backend_class = TRUNK_MODES[spec.trunk_mode].backend
     return backend_class(split.trunk, split.model.config.hidden_size, lambda params: make_optimizer(params, settings),
                          max_grad_norm=settings.max_grad_norm, wire_dtype=WIRE_DTYPES[spec.activation_dtype],
-                         precision=settings.precision)
+                         precision=settings.precision,
+                         limits=TrunkLimits.for_model(split.model.config, max_length, settings.batch_size))

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from fedlm.config import SplitConfig
-from fedlm.federation.params import NamedTensors
+from fedlm.federation.params import NamedTensors, trainable_names
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.models.cut import Cut, SplitModel
 
@@ -128,11 +128,15 @@ def split_model(model: torch.nn.Module, spec: SplitConfig) -> SplitModel:
 
 
 def split_parts(split: SplitModel, policy: ClientParts) -> SplitParts:
-    bottom = split.bottom_parameter_names()
-    top = [n for n in split.client_parameter_names() if n not in set(bottom)]  # tied weights count as bottom
+    """Each side's trainable parameters (with an adapter, only its weights and the head: a frozen base
+    never travels)."""
+    trainable = set(trainable_names(split.model))
+    bottom = [n for n in split.bottom_parameter_names() if n in trainable]
+    top = [n for n in split.client_parameter_names() if n in trainable and n not in set(bottom)]  # tied: bottom
+    trunk = [n for n in split.trunk_parameter_names() if n in trainable]
     shared = policy.shared(bottom, top)
     local = [n for n in bottom + top if n not in set(shared)]
-    return SplitParts(bottom, top, split.trunk_parameter_names(), shared, local)
+    return SplitParts(bottom, top, trunk, shared, local)
 
 
 def client_copy(split: SplitModel) -> SplitModel:

@@ -14,13 +14,17 @@ Every message is serialised with :mod:`fedlm.split.wire`, in process too, so byt
 are the same whichever transport carries them. The client side never holds trunk parameters; the server
 side never sees token ids or labels: a forward carries only ``hidden``, ``attention_mask`` and
 ``position_ids``, a backward only ``grad``, and anything else is refused.
+
+No valid client can hold the trunk for long: :class:`TrunkLimits` bounds each message (tokens per sequence
+by the model's positions and the run's ``max_length``, batch x sequence by the run's batch size), and
+messages compute one at a time in round-robin turns across clients (:class:`~fedlm.split.fair.RoundRobin`),
+so a client waits for at most one bounded message of each other client.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Callable, Mapping
 
 import torch
@@ -30,6 +34,7 @@ from fedlm.federation.local_training import clip_and_step
 from fedlm.models.cut import Activations
 from fedlm.models.device import autocast
 from fedlm.split import wire
+from fedlm.split.fair import RoundRobin
 
 __all__ = [
     "FORWARD_NAMES",
@@ -37,6 +42,7 @@ __all__ = [
     "MessageHook",
     "RejectedMessage",
     "TrunkBackend",
+    "TrunkLimits",
     "check_grad",
     "check_step",
     "handle_request",
@@ -61,6 +67,43 @@ class RejectedMessage(ValueError):
     """The server refused a message (wrong names, shapes, dtypes, values or step); the message says why."""
 
 
+@dataclasses.dataclass(frozen=True)
+class TrunkLimits:
+    """The most one forward may ask of the trunk (None: unbounded). A message beyond them is refused before
+    any compute, with the limit and what to change in the refusal."""
+
+    max_seq_len: int | None = None  # tokens per sequence: the model's positions, the run's max_length
+    max_tokens: int | None = None  # batch x sequence in one message
+    max_position: int | None = None  # position ids stay below the model's positions
+
+    @classmethod
+    def for_model(cls, model_config: object, max_length: int | None, batch_size: int) -> TrunkLimits:
+        """What a client of this run can legitimately send: sequences no longer than the model's positions
+        (and ``max_length``, when known), and one training batch of them per message."""
+        positions = getattr(model_config, "max_position_embeddings", None)
+        bounds = [v for v in (positions, max_length) if v]
+        seq = min(bounds) if bounds else None
+        return cls(seq, None if seq is None else seq * batch_size, positions)
+
+    def check(self, batch: int, seq: int, positions: Tensor | None) -> None:
+        if self.max_seq_len is not None and seq > self.max_seq_len:
+            raise RejectedMessage(f"sequences of {seq} tokens exceed this trunk's limit of {self.max_seq_len} "
+                                  "(the model's positions / the run's max_length); send shorter sequences")
+        if self.max_tokens is not None and batch * seq > self.max_tokens:
+            raise RejectedMessage(f"{batch} x {seq} = {batch * seq} tokens exceed this trunk's limit of "
+                                  f"{self.max_tokens} per message (batch x sequence); send smaller batches")
+        if self.max_position is not None and positions is not None and int(positions.max()) >= self.max_position:
+            raise RejectedMessage(f"position_ids reach {int(positions.max())}; this model has "
+                                  f"{self.max_position} positions")
+
+    def max_message_bytes(self, hidden_size: int, overhead: int = 64 * 1024) -> int | None:
+        """The largest message a client within these limits sends or gets: a float32 forward (hidden, int64
+        mask and positions) or backward, plus framing."""
+        if self.max_tokens is None:
+            return None
+        return self.max_tokens * (4 * hidden_size + 16) + overhead
+
+
 @dataclasses.dataclass
 class _Pending:
     received: Tensor  # the trunk's input, a leaf that collects the gradient to send back
@@ -75,7 +118,8 @@ class TrunkBackend:
     forward graph until that step's backward arrives. A refused message raises :class:`RejectedMessage`
     before anything is computed, so the trunk's weights and other clients' pending steps are untouched.
 
-    One trunk, stepped by each client's backward in turn, under a lock so concurrent clients are safe. A
+    One trunk, stepped by each client's backward in turn, one message at a time in round-robin turns across
+    clients (``limits`` bounds each message; see the module docstring), so concurrent clients are safe. A
     backward applies the gradient of the weights its forward saw, so when a step changes the weights every
     other pending forward is dropped (its backward is then refused, and the client runs that forward again);
     a round engine lets one client at a time run forward-backward. The trunk modes *sequential* and
@@ -102,6 +146,7 @@ class TrunkBackend:
         max_grad_norm: float | None = None,
         wire_dtype: torch.dtype | None = None,
         precision: str = "fp32",
+        limits: TrunkLimits | None = None,
     ) -> None:
         if wire_dtype is not None and wire_dtype not in WIRE_DTYPES.values():
             raise ValueError(f"wire_dtype {wire_dtype} is not one of {', '.join(WIRE_DTYPES)}")
@@ -117,8 +162,9 @@ class TrunkBackend:
         self.wire_dtype = wire_dtype
         self.precision = precision
         self.compute_dtype, self._device = params[0].dtype, params[0].device
+        self.limits = limits or TrunkLimits()
         self._pending: dict[tuple[str, int], _Pending] = {}
-        self._lock = threading.Lock()
+        self._turns = RoundRobin()
 
     def reset_optimizer(self) -> None:
         """A fresh optimizer (a new client turn or round starts without the last one's moments)."""
@@ -146,7 +192,7 @@ class TrunkBackend:
     def forward(self, client_id: str, step: int, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Run the trunk on a client's activations; keep the graph for :meth:`backward`."""
         acts = self._check_activations(tensors)
-        with self._lock:
+        with self._turns.turn(client_id):
             key = (client_id, check_step(step))
             if key in self._pending:
                 raise RejectedMessage(f"step {step} of client {client_id} already has a forward awaiting backward")
@@ -165,7 +211,7 @@ class TrunkBackend:
     def backward(self, client_id: str, step: int, grad: Tensor) -> dict[str, Tensor]:
         """Backpropagate the client's gradient w.r.t. the trunk output, step the optimizer (clipping the
         trunk's gradient norm if ``max_grad_norm``), and return the gradient w.r.t. the trunk input."""
-        with self._lock:
+        with self._turns.turn(client_id):
             key = (client_id, check_step(step))
             pending = self._pending.get(key)
             if pending is None:
@@ -185,7 +231,7 @@ class TrunkBackend:
 
     def drop(self, client_id: str) -> None:
         """Forget a client's pending forwards (its session ended)."""
-        with self._lock:
+        with self._turns.turn(client_id):
             for key in [key for key in self._pending if key[0] == client_id]:
                 del self._pending[key]
 
@@ -202,8 +248,9 @@ class TrunkBackend:
             )
         if hidden.dtype != self.compute_dtype:
             raise RejectedMessage(f"hidden is {hidden.dtype}; this trunk computes in {self.compute_dtype}")
-        _check_finite("hidden", hidden)
         batch, seq = hidden.shape[:2]
+        self.limits.check(batch, seq, None)  # before the value scans below: they cost time too
+        _check_finite("hidden", hidden)
         mask = tensors.get("attention_mask")
         if mask is not None:
             if mask.dtype not in (torch.int64, torch.bool) or tuple(mask.shape) != (batch, seq):
@@ -222,6 +269,7 @@ class TrunkBackend:
                 )
             if (positions < 0).any():
                 raise RejectedMessage("position_ids holds negative positions")
+            self.limits.check(batch, seq, positions)
         return Activations(hidden, mask, positions)
 
 

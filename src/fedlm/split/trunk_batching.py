@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlm.models.cut import Activations
-from fedlm.split.trunk import RejectedMessage, TrunkBackend, check_grad, check_step
+from fedlm.split.trunk import RejectedMessage, TrunkBackend, TrunkLimits, check_grad, check_step
 
 __all__ = ["BatchingTrunkBackend", "concat_activations"]
 
@@ -55,9 +55,10 @@ class BatchingTrunkBackend(TrunkBackend):
         wire_dtype: torch.dtype | None = None,
         precision: str = "fp32",
         timeout_s: float = 600.0,
+        limits: TrunkLimits | None = None,
     ) -> None:
         super().__init__(trunk, hidden_size, optimizer, max_grad_norm=max_grad_norm, wire_dtype=wire_dtype,
-                         precision=precision)
+                         precision=precision, limits=limits)
         self.timeout_s = timeout_s
         self._members: set[str] = set()
         self._forwards: dict[str, tuple[int, Activations]] = {}

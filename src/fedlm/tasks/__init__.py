@@ -1,4 +1,4 @@
-"""Training tasks (masked LM, causal LM, classification, regression) and their registry: each is a `Task`
+"""Training tasks (masked LM, causal LM, classification, regression, seq2seq) and their registry: each is a `Task`
 that tokenizes, collates, computes its loss (from the model or from hidden states) and evaluates."""
 
 from __future__ import annotations
@@ -10,9 +10,13 @@ from fedlm.tasks.base import Task
 from fedlm.tasks.classification import ClassificationTask, RegressionTask
 from fedlm.tasks.clm import CausalLMTask
 from fedlm.tasks.mlm import MaskedLMTask
+from fedlm.tasks.qa import QATask
+from fedlm.tasks.seq2seq import Seq2SeqTask
+from fedlm.tasks.tagging import TaggingTask
 
 TASKS: dict[str, type[Task]] = {
-    task.name: task for task in (MaskedLMTask, CausalLMTask, ClassificationTask, RegressionTask)
+    task.name: task for task in (MaskedLMTask, CausalLMTask, ClassificationTask, RegressionTask, Seq2SeqTask,
+                                  TaggingTask, QATask)
 }
 
 
@@ -28,7 +32,10 @@ __all__ = [
     "CausalLMTask",
     "ClassificationTask",
     "MaskedLMTask",
+    "QATask",
     "RegressionTask",
+    "Seq2SeqTask",
+    "TaggingTask",
     "Task",
     "get_task",
 ]

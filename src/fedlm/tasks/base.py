@@ -32,6 +32,9 @@ class Task(ABC):
     metric_names: ClassVar[tuple[str, ...]]  # keys that ``evaluate`` returns
     text_column: ClassVar[str] = "text"
     precision: str = "fp32"  # autocast for evaluation: the run's train.precision (set by fedlm.run.prepare)
+    # Evaluate rows in order of length (less padding; about half the cost on sentence data). Only for tasks
+    # whose metrics do not depend on row order and whose eval batches draw no randomness.
+    sort_eval_by_length: ClassVar[bool] = False
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
         self.tokenizer: PreTrainedTokenizerBase | None = None
@@ -97,7 +100,8 @@ class Task(ABC):
         model.eval()
         try:
             with torch.no_grad(), autocast(model_device(model), self.precision):
-                batches = (self.eval_collate(rows, generator) for rows in iter_rows(dataset, batch_size))
+                rows_in_order = by_length(dataset) if self.sort_eval_by_length else dataset
+                batches = (self.eval_collate(rows, generator) for rows in iter_rows(rows_in_order, batch_size))
                 parts = []
                 for batch in batches:
                     parts.append(self._eval_batch(model, batch))
@@ -195,6 +199,16 @@ def pad_ids(sequences: Sequence[Sequence[int]], pad_value: int) -> tuple[torch.T
     return ids, mask
 
 
+def pad_inputs(rows: Sequence[dict], pad_token_id: int) -> Batch:
+    """The model inputs of pre-tokenized rows, right-padded: input_ids, attention_mask and, where the rows
+    have them, token_type_ids (padded with 0)."""
+    ids, attention_mask = pad_ids([row["input_ids"] for row in rows], pad_token_id)
+    batch = {"input_ids": ids, "attention_mask": attention_mask}
+    if "token_type_ids" in rows[0]:
+        batch["token_type_ids"] = pad_ids([row["token_type_ids"] for row in rows], 0)[0]
+    return batch
+
+
 def iter_rows(dataset: Rows, batch_size: int) -> Iterator[list[dict]]:
     """Consecutive lists of row dicts, the shape ``collate`` takes, from a Dataset or a list of rows."""
     for start in range(0, len(dataset), batch_size):
@@ -202,6 +216,14 @@ def iter_rows(dataset: Rows, batch_size: int) -> Iterator[list[dict]]:
         if isinstance(chunk, dict):  # a Dataset slice is columnar
             chunk = [dict(zip(chunk, values, strict=True)) for values in zip(*chunk.values(), strict=True)]
         yield list(chunk)
+
+
+def by_length(dataset: Rows) -> Rows:
+    """``dataset`` as a list of rows, longest first (an unchanged ``dataset`` if its rows have no input_ids)."""
+    rows = dataset.to_list() if isinstance(dataset, datasets.Dataset) else list(dataset)
+    if not rows or "input_ids" not in rows[0]:
+        return dataset
+    return sorted(rows, key=lambda row: -len(row["input_ids"]))
 
 
 def model_inputs(batch: Batch) -> Batch:

@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from fedlm import metrics
 from fedlm.errors import UserError
 from fedlm.models.heads import task_logits
-from fedlm.tasks.base import Batch, Task, map_batches, model_inputs, pad_ids, to_device
+from fedlm.tasks.base import Batch, Task, base_hidden, map_batches, model_inputs, pad_inputs, to_device
 
 
 class SequenceTask(Task):
@@ -23,6 +23,7 @@ class SequenceTask(Task):
     pair_column: ClassVar[str] = "text_pair"
     label_column: ClassVar[str] = "label"
     label_dtype: ClassVar[torch.dtype]
+    sort_eval_by_length = True  # metrics pool every example's prediction, whatever the order
 
     def preprocess(self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> datasets.Dataset:
         """Tokenize text (+ pair), truncated to ``max_length``; the label column becomes ``labels``."""
@@ -40,10 +41,7 @@ class SequenceTask(Task):
         return map_batches(ds, encode)
 
     def collate(self, rows: list[dict], generator: torch.Generator) -> Batch:
-        ids, attention_mask = pad_ids([row["input_ids"] for row in rows], self.bound_tokenizer.pad_token_id)
-        batch = {"input_ids": ids, "attention_mask": attention_mask}
-        if "token_type_ids" in rows[0]:
-            batch["token_type_ids"] = pad_ids([row["token_type_ids"] for row in rows], 0)[0]
+        batch = pad_inputs(rows, self.bound_tokenizer.pad_token_id)
         batch["labels"] = torch.tensor([row["labels"] for row in rows], dtype=self.label_dtype)
         return batch
 
@@ -70,6 +68,9 @@ class SequenceTask(Task):
         return {"loss": loss, **self._scores(outputs, labels)}
 
     def _outputs(self, model: PreTrainedModel, batch: Batch) -> torch.Tensor:
+        config = getattr(model, "config", None)  # a baseline predictor (label prior) has none
+        if getattr(config, "classifier_pooling", "first") == "mean":  # the family's forward pools otherwise
+            return task_logits(model, base_hidden(model, batch), batch["input_ids"])
         return model(**model_inputs(batch)).logits
 
     @abstractmethod

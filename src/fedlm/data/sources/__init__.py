@@ -11,7 +11,9 @@ platforms; ``split_note`` records every such choice.
 
 Returned columns: ``text``, optional ``text_pair``, ``label`` (``ClassLabel`` ints for
 classification, float32 for regression, absent for LM corpora) and, for wikitext-2 only, ``group``
-(article number + title).
+(article number + title).  Tagging data (``conll.py``) has ``tokens`` and ``tags`` instead of a label, QA data
+(``squad.py``) the question as ``text``, the context as ``text_pair``, ``id``, ``title``, ``answer_texts`` and
+``answer_starts``; local files are read as either when ``load_source`` is given that ``task``.
 """
 
 from fedlm.data.sources.catalog import available_sources

@@ -1,7 +1,8 @@
-"""The named datasets of the shared data directory (GLUE, WikiText-2, AG News, 20newsgroups and the
-biomedical corpora), each parsed from its raw files; where the raw data has no labelled test split, one
-is made deterministically and ``split_note`` says how.  Where a named dataset has an obvious equivalent on
-the Hugging Face hub, :data:`HUB_EQUIVALENTS` names the ``hf:`` source to use instead when online."""
+"""The named datasets of the shared data directory (GLUE, WikiText-2, AG News, 20newsgroups, the
+biomedical corpora, CoNLL-2003 and NCBI disease NER, SQuAD v1.1 dev), each parsed from its raw files; where
+the raw data has no labelled test split, one is made deterministically and ``split_note`` says how.  Where a
+named dataset has an obvious equivalent on the Hugging Face hub, :data:`HUB_EQUIVALENTS` names the ``hf:``
+source to use instead when online."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from fedlm.data.sources import builders, readers
-from fedlm.data.sources.columns import Columns, RawSource, field_of, num_rows, split_note, split_off_test, text_of
+from fedlm.data.sources import builders, conll, readers, squad
+from fedlm.data.sources.columns import (
+    Columns,
+    RawSource,
+    check_target,
+    field_of,
+    num_rows,
+    split_note,
+    split_off_test,
+    text_of,
+)
 from fedlm.data.sources.data_dir import describe_data_dir
 from fedlm.errors import UserError
 
@@ -263,6 +273,54 @@ def _load_biomedical(data_dir: Path, fraction: float, seed: int) -> RawSource:
     return RawSource(splits, "lm", None, note, [f for p in parts for f in p.files])
 
 
+def _load_dialogsum(data_dir: Path, fraction: float, seed: int) -> RawSource:
+    """DialogSum: text = dialogue, target = summary, group = topic. Test items carry three reference
+    summaries; the first (summary1, topic1) is the target, so ROUGE here is single-reference."""
+    splits: dict[str, Columns] = {}
+    files = []
+    for split, part in (("train", "train"), ("validation", "dev"), ("test", "test")):
+        path = _require(data_dir, f"dialogsum/dialogsum.{part}.jsonl", "dialogsum")
+        suffix = "1" if split == "test" else ""
+        splits[split] = builders.read_table(
+            path, "jsonl", lambda tabulate, path=path, suffix=suffix: _dialogsum_columns(path, tabulate(True), suffix))
+        files.append(path)
+    note = ("train/validation/test = DialogSum train/dev/test.jsonl; text = dialogue, target = summary "
+            "(test: summary1, the first of its three references), group = topic")
+    return RawSource(splits, "seq2seq", None, note, files)
+
+
+def _dialogsum_columns(path: Path, table: readers.Table, suffix: str) -> Columns:
+    cols: Columns = {"text": [], "target": [], "group": []}
+    for where, fields in table[1]:
+        cols["text"].append(text_of(path, where, fields, "dialogue"))
+        cols["target"].append(check_target(path, where, text_of(path, where, fields, f"summary{suffix}")))
+        cols["group"].append(text_of(path, where, fields, f"topic{suffix}"))
+    return cols
+
+
+def _load_conll(source: str, files: dict[str, str], about: str, data_dir: Path, fraction: float,
+                seed: int) -> RawSource:
+    """A named tagging corpus from its train / validation / test CoNLL files."""
+    paths = {split: _require(data_dir, relative, source) for split, relative in files.items()}
+    splits = {split: conll.read_conll(path) for split, path in paths.items()}
+    names = "/".join(Path(relative).name for relative in files.values())
+    return conll.tagging_source(splits, paths, f"train/validation/test = {names}; {about}")
+
+
+_CONLL2003 = {"train": "conll2003/train.txt", "validation": "conll2003/valid.txt", "test": "conll2003/test.txt"}
+_NCBI_NER = {"train": "ncbi-disease/train.tsv", "validation": "ncbi-disease/devel.tsv",
+             "test": "ncbi-disease/test.tsv"}
+
+
+def _load_squad(data_dir: Path, fraction: float, seed: int) -> RawSource:
+    """SQuAD v1.1: only the dev set is staged, so train and test are whole articles of it."""
+    path = _require(data_dir, "squad-v1.1/dev-v1.1.json", "squad")
+    train, test, *articles = squad.split_by_title(squad.read_squad_json(path), fraction, seed, str(path))
+    note = ("only SQuAD v1.1 dev (dev-v1.1.json) is available: train/test are made from it by article; "
+            + squad.article_split_note(fraction, seed, "dev-v1.1.json", tuple(articles)))
+    return RawSource({"train": train, "test": test}, "qa", None, note, [path])
+
+
 _Loader = Callable[[Path, float, int], RawSource]
 SOURCES: dict[str, _Loader] = {
     "wikitext-2": _load_wikitext,
@@ -274,6 +332,10 @@ SOURCES: dict[str, _Loader] = {
     "pubmedqa-contexts": _load_pubmedqa_contexts,
     "ncbi-disease-abstracts": _load_ncbi,
     "biomedical-abstracts": _load_biomedical,
+    "conll2003": partial(_load_conll, "conll2003", _CONLL2003, "CoNLL-2003 English NER, IOB2 tags (column 3)"),
+    "ncbi-disease": partial(_load_conll, "ncbi-disease", _NCBI_NER, "NCBI disease NER, IOB2 tags"),
+    "squad": _load_squad,
+    "dialogsum": _load_dialogsum,
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,9 @@ def text_of(path: Path | str, where: str, fields: dict[str, Any], key: str) -> s
     raise UserError(f"{path} {where}: field '{key}' should be text, found {type(value).__name__}")
 
 
-ROLES = ("text", "text_pair", "label")
-_DEFAULT_COLUMNS = {"text": ("text", "sentence", "content"), "text_pair": ("text_pair",), "label": ("label",)}
+ROLES = ("text", "text_pair", "label", "target")  # target: seq2seq output text
+_DEFAULT_COLUMNS = {"text": ("text", "sentence", "content"), "text_pair": ("text_pair",), "label": ("label",),
+                    "target": ("target",)}
 
 
 def map_columns(columns: dict[str, str] | None, available: list[str], what: object) -> dict[str, str]:
@@ -103,11 +105,30 @@ def map_columns(columns: dict[str, str] | None, available: list[str], what: obje
     return mapping
 
 
+def data_kind(mapped: dict[str, Any] | list[str], what: object) -> str | None:
+    """'seq2seq' when a target column is mapped (checked against a label column), else None: labels decide."""
+    if "target" not in mapped:
+        return None
+    if "label" in mapped:
+        raise UserError(f"{what}: both a label and a target column are mapped; map label (classification) or "
+                        "target (seq2seq), not both")
+    return "seq2seq"
+
+
+def check_target(what: object, where: str, value: str) -> str:
+    """A seq2seq target, which must hold some text (nothing to learn or score otherwise)."""
+    if not value.strip():
+        raise UserError(f"{what} {where}: empty target; every seq2seq example needs target text (fix or drop it)")
+    return value
+
+
 def label_value(what: object, where: str, value: Any) -> str | float:
     """Numbers (or numeric strings) as float, anything else as a stripped string."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, int | float):
+        if not math.isfinite(value):  # JSON NaN / Infinity: a missing label, never a class or a score
+            raise UserError(f"{what} {where}: the label is {value}; give every row a class or a finite score")
         return float(value)
     if isinstance(value, str) and value.strip():
         try:
@@ -118,19 +139,28 @@ def label_value(what: object, where: str, value: Any) -> str | float:
     raise UserError(f"{what} {where}: missing or empty label")
 
 
-def encode_labels(splits: dict[str, Columns]) -> tuple[str, list[str] | None]:
-    """Regression if every label is a number and some are fractional; else sorted class names."""
-    values = [v for cols in splits.values() for v in cols["label"]]
-    if all(isinstance(v, float) for v in values) and any(not v.is_integer() for v in values):
-        return "regression", None
+SPLIT_STEMS = {"train": ("train",), "test": ("test",), "validation": ("validation", "valid", "val", "dev", "devel")}
 
-    def name(v: str | float) -> str:
-        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
-    distinct = {name(v): v for v in values}
-    numeric = all(isinstance(v, float) for v in distinct.values())
-    names = sorted(distinct, key=lambda n: (distinct[n], n) if numeric else (0, n))
-    index = {n: i for i, n in enumerate(names)}
-    for cols in splits.values():
-        cols["label"] = [index[name(v)] for v in cols["label"]]
-    return "classification", names
+def named_split_files(folder: Path, suffixes: Iterable[str]) -> list[Path]:
+    """The files of a directory named like a split (train.csv, test.jsonl, dev.txt ...) with one of ``suffixes``."""
+    stems = {stem for names in SPLIT_STEMS.values() for stem in names}
+    allowed = set(suffixes)
+    return [p for p in sorted(folder.iterdir()) if p.stem in stems and p.suffix.lower() in allowed]
+
+
+def split_files(folder: Path, suffixes: Iterable[str], expected: str) -> dict[str, Path]:
+    """train.* (required), test.* and validation.*/valid.*/dev.* (optional) of a directory; ``expected`` completes
+    the one line said when there is no train file ("expected train.json/.jsonl for task qa")."""
+    named = named_split_files(folder, suffixes)
+    found: dict[str, Path] = {}
+    for split, stems in SPLIT_STEMS.items():
+        matches = [p for p in named if p.stem in stems]
+        if len(matches) > 1:
+            raise UserError(f"{folder}: several {split} files ({', '.join(p.name for p in matches)}); keep one")
+        if matches:
+            found[split] = matches[0]
+    if "train" not in found:
+        raise UserError(f"{folder} has no train file: {expected}")
+    return found
+

@@ -33,13 +33,15 @@ from fedlm.data.sources.builders import local_reading
 from fedlm.data.sources.columns import (
     Columns,
     RawSource,
-    encode_labels,
+    check_target,
+    data_kind,
     label_value,
     map_columns,
     num_rows,
     split_note,
     split_off_test,
 )
+from fedlm.data.sources.labels import encode_labels
 from fedlm.errors import UserError
 
 PREFIX = "hf:"
@@ -55,7 +57,8 @@ def parse_hub_source(source: str) -> tuple[str, str | None]:
     return name.strip(), config.strip() or None
 
 
-def load_hub(source: str, columns: dict[str, str] | None, fraction: float, seed: int) -> RawSource:
+def load_hub(source: str, columns: dict[str, str] | None, fraction: float, seed: int,
+             task: str | None = None) -> RawSource:
     name, config = parse_hub_source(source)
     dataset = _load(source, name, config)
     train_split = _train_split(source, dataset)
@@ -69,15 +72,17 @@ def load_hub(source: str, columns: dict[str, str] | None, fraction: float, seed:
     splits = {ours: _columns(source, dataset[theirs], theirs, mapping, class_names) for ours, theirs in chosen.items()}
     if label is None:
         notes += _drop_blank_text(splits)
-    if "test" not in splits:
-        splits["train"], splits["test"] = split_off_test(splits["train"], fraction, seed, f"{source} ({train_split})")
-        notes.append(split_note(fraction, seed, f"split '{train_split}'"))
-    if label is None:
+    if seq2seq := data_kind(mapping, source):
+        kind, names = seq2seq, None
+    elif label is None:
         kind, names = "lm", None
     elif class_names is not None:
         kind, names = "classification", class_names
-    else:
-        kind, names = encode_labels(splits)
+    else:  # before a test split is carved out, so that an error's row numbers are the dataset's
+        kind, names = encode_labels(splits, task, lambda split, i: f"{source} split '{chosen[split]}' row {i}")
+    if "test" not in splits:
+        splits["train"], splits["test"] = split_off_test(splits["train"], fraction, seed, f"{source} ({train_split})")
+        notes.append(split_note(fraction, seed, f"split '{train_split}'"))
     if unused := [s for s in dataset if s not in chosen.values()]:
         notes.append(f"splits not used: {', '.join(unused)}")
     fingerprints = {s: getattr(dataset[s], "_fingerprint", None) for s in chosen.values()}
@@ -201,7 +206,9 @@ def _columns(source: str, ds: datasets.Dataset, split: str, mapping: dict[str, s
     cols: Columns = {}
     for role, column in mapping.items():
         values = data[column]
-        if role != "label":
+        if role == "target":
+            cols[role] = [check_target(what, f"row {i}", _text(what, i, column, v)) for i, v in enumerate(values)]
+        elif role != "label":
             cols[role] = [_text(what, i, column, v) for i, v in enumerate(values)]
         elif class_names is not None:
             bad = next((i for i, v in enumerate(values) if not isinstance(v, int) or v < 0), None)

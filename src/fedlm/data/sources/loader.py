@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import datasets
 import pyarrow as pa
 
+from fedlm.data.sources import conll, squad
 from fedlm.data.sources.catalog import SOURCES, missing_data
 from fedlm.data.sources.columns import Columns, RawSource, hash_order, num_rows, take
 from fedlm.data.sources.hub import PREFIX, load_hub
@@ -19,6 +21,8 @@ from fedlm.data.sources.local import load_local, local_path
 from fedlm.errors import UserError
 
 _FINGERPRINT_VERSION = 1
+# tasks whose local files have their own formats (a CoNLL .txt file is not one text per line)
+TASK_READERS = {"tagging": conll.load_tagging, "qa": squad.load_qa}
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,11 @@ def _to_dataset(cols: Columns, kind: str, names: list[str] | None, what: str) ->
         features["label"] = (
             datasets.ClassLabel(names=names) if kind == "classification" else datasets.Value("float32")
         )
+    if "target" in cols:
+        features["target"] = datasets.Value("string")
     if "group" in cols:
         features["group"] = datasets.Value("string")
+    features.update({**conll.features(cols, names), **squad.features(cols)})
     try:
         return datasets.Dataset.from_dict(
             {k: cols[k] for k in features}, features=datasets.Features(features)
@@ -95,25 +102,29 @@ def load_source(
     seed: int = 0,
     max_train_examples: int | None = None,
     max_test_examples: int | None = None,
+    task: str | None = None,
 ) -> LoadedData:
     """Load a named source (see :func:`available_sources`), an ``hf:<dataset>[:<config>]`` source (see
-    ``hub.py``) or a local file/directory."""
+    ``hub.py``) or a local file/directory; local files of ``task`` tagging or qa are read as CoNLL / tagged
+    JSON Lines or as SQuAD JSON / JSON Lines (see :data:`TASK_READERS`)."""
     limits = {"max_train_examples": max_train_examples, "max_test_examples": max_test_examples}
     _check_params(test_fraction, seed, limits)
     data_dir = Path(data_dir)
     if name_or_path.startswith(PREFIX):
         if file_format:
-            raise UserError(f"file_format applies to local files only, not to source '{name_or_path}'")
-        raw, ident, base = load_hub(name_or_path, columns, test_fraction, seed), name_or_path, None
+            raise UserError(f"data.format applies to local files only, not to source '{name_or_path}': remove it")
+        raw, ident, base = load_hub(name_or_path, columns, test_fraction, seed, task), name_or_path, None
     elif name_or_path in SOURCES:
         if columns or file_format:
-            raise UserError(f"columns/file_format apply to local files only, not to source '{name_or_path}'")
+            raise UserError(f"data.columns and data.format apply to local files only, not to the named source "
+                            f"'{name_or_path}': remove them")
         if not data_dir.is_dir():
             raise missing_data(name_or_path, data_dir)
         raw, ident, base = SOURCES[name_or_path](data_dir, test_fraction, seed), name_or_path, data_dir
     else:
         path = local_path(name_or_path, data_dir)
-        raw, ident, base = load_local(path, columns, file_format, test_fraction, seed), str(path), None
+        reader = TASK_READERS.get(task or "", partial(load_local, task=task))
+        raw, ident, base = reader(path, columns, file_format, test_fraction, seed), str(path), None
     note = raw.note + _subsample(raw, seed, limits)
     for split, cols in raw.splits.items():
         if not num_rows(cols):
@@ -128,5 +139,7 @@ def load_source(
         "test_fraction": test_fraction,
         "seed": seed,
         **limits,
+        # the same file read by another reader, or its labels encoded for another task, is other data
+        **({"task": task} if task in (*TASK_READERS, "classification", "regression") else {}),
     }
     return LoadedData(splits, raw.kind, raw.label_names, note, _fingerprint(ident, raw, base, params))

@@ -10,18 +10,22 @@ from fedlm.data.sources.catalog import available_sources
 from fedlm.data.sources.columns import (
     Columns,
     RawSource,
-    encode_labels,
+    check_target,
+    data_kind,
     field_of,
     label_value,
     map_columns,
+    named_split_files,
+    split_files,
     split_note,
     split_off_test,
     text_of,
 )
+from fedlm.data.sources.documents import document_files, load_documents
+from fedlm.data.sources.labels import encode_labels
 from fedlm.errors import UserError
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "json", ".txt": "txt"}
-_DIR_SPLITS = {"train": ("train",), "test": ("test",), "validation": ("validation", "valid", "val", "dev")}
 
 
 def local_path(name: str, data_dir: Path) -> Path:
@@ -40,27 +44,12 @@ def local_path(name: str, data_dir: Path) -> Path:
     )
 
 
-def _dir_files(folder: Path) -> dict[str, Path]:
-    """train.* (required), test.* and validation.*/valid.*/dev.* (optional) files of a directory."""
-    found: dict[str, Path] = {}
-    for split, stems in _DIR_SPLITS.items():
-        matches = [p for p in sorted(folder.iterdir()) if p.stem in stems and p.suffix.lower() in FORMATS]
-        if len(matches) > 1:
-            listed = ", ".join(p.name for p in matches)
-            raise UserError(f"{folder}: several {split} files ({listed}); keep one")
-        if matches:
-            found[split] = matches[0]
-    if "train" not in found:
-        raise UserError(f"{folder} has no train file: expected train.csv/.tsv/.jsonl/.json/.txt")
-    return found
-
-
 def _format(path: Path, file_format: str | None) -> str:
     fmt = (file_format or FORMATS.get(path.suffix.lower(), "")).lower().lstrip(".")
     fmt = "txt" if fmt == "text" else fmt
     if fmt not in FORMATS.values():
         raise UserError(
-            f"cannot tell the format of {path}: pass file_format as one of {', '.join(FORMATS.values())}"
+            f"cannot tell the format of {path}: set data.format to one of {', '.join(FORMATS.values())}"
         )
     return fmt
 
@@ -78,13 +67,28 @@ def _columns(path: Path, tabulate: builders.Tabulate, fmt: str, columns: dict[st
     available, records = _records(tabulate, fmt, list((columns or {}).values()))
     mapping = map_columns(columns, available, path)
     cols: Columns = {role: [] for role in mapping}
+    if "label" in mapping:  # where each row is, for an error about its label (see labels.encode_labels)
+        cols[WHERE] = [where for where, _ in records]
     for where, fields in records:
         for role, column in mapping.items():
             if role == "label":
                 cols[role].append(label_value(path, where, field_of(path, where, fields, column)))
+            elif role == "target":
+                cols[role].append(check_target(path, where, text_of(path, where, fields, column)))
             else:
                 cols[role].append(text_of(path, where, fields, column))
     return cols
+
+
+WHERE = "where"  # a column of local files' rows: where each row is in its file, dropped once labels are read
+
+
+def _encode(splits: dict[str, Columns], files: dict[str, Path], task: str | None) -> tuple[str, list[str] | None]:
+    """The data's kind and class names, from its labels when it has them."""
+    wheres = {split: cols.pop(WHERE, None) for split, cols in splits.items()}
+    if "label" not in splits["train"]:
+        return "lm", None
+    return encode_labels(splits, task, lambda split, i: f"{files[split]} {wheres[split][i]}")
 
 
 def _read_local_split(path: Path, fmt: str, columns: dict[str, str] | None) -> Columns:
@@ -100,13 +104,22 @@ def _read_local_split(path: Path, fmt: str, columns: dict[str, str] | None) -> C
 
 
 def load_local(
-    path: Path, columns: dict[str, str] | None, file_format: str | None, fraction: float, seed: int
+    path: Path, columns: dict[str, str] | None, file_format: str | None, fraction: float, seed: int,
+    task: str | None = None,
 ) -> RawSource:
-    files = _dir_files(path) if path.is_dir() else {"train": path}
+    """A local file, a directory of split files or of ``*.txt`` documents (``documents.py``); ``task`` (the
+    config's) decides how labels are read."""
+    if path.is_dir() and not named_split_files(path, FORMATS) and (docs := document_files(path)):
+        return load_documents(path, docs, columns, fraction, seed)
+    files = (split_files(path, FORMATS, "expected train.csv/.tsv/.jsonl/.json/.txt beside its test file, or a "
+                                          "directory of *.txt documents") if path.is_dir() else {"train": path})
     splits = {split: _read_local_split(p, _format(p, file_format), columns) for split, p in files.items()}
     if len({tuple(sorted(cols)) for cols in splits.values()}) > 1:
         raise UserError(f"{path}: the split files do not all have the same columns")
-    kind, names = encode_labels(splits) if "label" in splits["train"] else ("lm", None)
+    if seq2seq := data_kind(splits["train"], path):
+        kind, names = seq2seq, None
+    else:
+        kind, names = _encode(splits, files, task)
     if "test" in splits:
         note = f"train/test = the given files ({', '.join(p.name for p in files.values())})"
     else:

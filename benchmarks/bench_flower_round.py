@@ -1,0 +1,115 @@
+"""A FedAvg round through a real Flower deployment / the same round in the simulator, side by side.
+
+The Flower side is the deployment of ``deploy/flower/README.md`` on this machine (``fedlm.flower.localdeploy``):
+one SuperLink, one SuperNode per client, ``flwr run`` and the ServerApp process, talking over localhost. Both
+sides run the same config and seed and record each round's ``wall_s`` (sampling, the clients' work,
+aggregation, evaluation) in their ``metrics.jsonl``; this script compares them round by round.
+
+Round 1 through Flower includes each node's one-time start (its worker imports fedlm and prepares the
+experiment); the claim (issue 15: a Flower round at most 1.2x the simulator's) is about the rounds after it,
+when the workers answer from their prepared state. ``--no-worker`` trains in the ClientApp process itself, as
+before the worker (every message re-imports fedlm and re-prepares), to show what the worker saves.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_flower_round.py                      # quickstart, 3 rounds
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_flower_round.py recipes/quickstart.yaml \\
+        --rounds 3 --secure            # with Flower's SecAgg+
+    .venv/bin/python benchmarks/bench_flower_round.py --tiny --rounds 3                      # smoke run, ~3 minutes
+
+The quickstart starts 10 SuperNodes and 10 workers holding MiniLM (~1 GB each): use a machine with the memory.
+Every process shares the CPU here, so on one machine the clients cannot train in parallel; across machines
+they do, and Flower's round can be faster than the simulator's sequential one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fedlm.config import dump_config, load_config, validate
+from fedlm.data.sources import resolve_data_dir
+from fedlm.flower.localdeploy import LocalDeployment, flower_binaries_available
+from fedlm.run.prepare import num_clients_of
+from fedlm.run.recorder import read_metrics
+from fedlm.run.single import run_single
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_experiment(folder: Path) -> tuple[dict, Path]:
+    """The test suite's tiny BERT on a synthetic sentiment CSV (no downloads)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import make_sentences, tiny_config
+
+    data = folder / "tiny-data"
+    data.mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", 400, 0), ("test", 100, 1)):
+        rows = ["sentence,sentiment"] + [f"{t},{label}" for t, label in make_sentences(n, seed)]
+        (data / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    raw = tiny_config(folder, data, clients_per_round=2)
+    raw["partition"]["num_clients"] = 2
+    return raw, data
+
+
+def round_times(run_dir: Path) -> list[float]:
+    return [r["wall_s"] for r in read_metrics(run_dir) if r.get("round", 0) >= 1 and "wall_s" in r]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", default=str(ROOT / "recipes" / "quickstart.yaml"))
+    parser.add_argument("--data-dir", default=None, help="default: $FEDLM_DATA_DIR, else ../shared/data")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the config")
+    parser.add_argument("--secure", action="store_true", help="Flower side with SecAgg+")
+    parser.add_argument("--no-worker", action="store_true", help="train in each ClientApp process (old way)")
+    parser.add_argument("--out", default=None, help="work folder (default: a temporary one)")
+    args = parser.parse_args()
+    if not flower_binaries_available():
+        raise SystemExit("Flower's programs (flower-superlink, flower-supernode, flwr) are not installed")
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-flower-"))
+    if args.tiny:
+        raw, data_dir = tiny_experiment(out)
+        config = validate({**raw, "protocol": {**raw["protocol"], "rounds": args.rounds}})
+    else:
+        config = load_config(args.config, [f"protocol.rounds={args.rounds}"])
+        data_dir = resolve_data_dir(args.data_dir)
+    config_path = out / "experiment.yaml"
+    config_path.write_text(dump_config(config))
+
+    started = time.perf_counter()
+    run_single(config, data_dir, out / "sim")
+    sim_s = time.perf_counter() - started
+
+    nodes = [{"partition-id": i, "data-dir": str(data_dir), "worker": not args.no_worker}
+             for i in range(num_clients_of(config))]
+    started = time.perf_counter()
+    with LocalDeployment(out / "flower", nodes) as deployment:
+        status = deployment.run({"config": str(config_path), "data-dir": str(data_dir),
+                                 "run-dir": str(out / "flower" / "run"), "node-wait-s": 120.0,
+                                 "secure-aggregation": args.secure}, timeout_s=24 * 3600)
+    flower_s = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"flwr run failed ({status}); see {out / 'flower' / 'run.log'}")
+
+    sim, flower = round_times(out / "sim"), round_times(out / "flower" / "run")
+    print(f"{'round':>5} {'simulator s':>12} {'flower s':>10} {'ratio':>7}")
+    for index, (a, b) in enumerate(zip(sim, flower, strict=True), start=1):
+        print(f"{index:>5} {a:12.2f} {b:10.2f} {b / a:7.2f}")
+    steady = statistics.mean(flower[1:]) / statistics.mean(sim[1:]) if len(sim) > 1 else float("nan")
+    result = {"config": config.name, "rounds": args.rounds, "secure": args.secure, "worker": not args.no_worker,
+              "simulator_round_s": sim, "flower_round_s": flower, "steady_ratio": steady,
+              "first_round_ratio": flower[0] / sim[0], "simulator_total_s": sim_s, "flower_total_s": flower_s}
+    (out / "bench_flower_round.json").write_text(json.dumps(result, indent=2))
+    verdict = "PASS" if steady <= 1.2 else "FAIL"
+    print(f"rounds 2..{args.rounds}: flower / simulator = {steady:.2f} (target <= 1.2: {verdict}); "
+          f"whole runs {flower_s:.0f} s vs {sim_s:.0f} s; details in {out / 'bench_flower_round.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Differential privacy around the server strategies: client-level DP-FedAvg and the privacy accounting of both kinds.
+
+``PrivateStrategy`` wraps any strategy (FedAvg, FedProx, FedOpt). With ``kind="client"`` it replaces the clients'
+updates by one privatized update before the inner strategy sees them (so FedOpt's server optimizer steps on the
+noised average); with ``kind="sample"`` the clients ran DP-SGD (``fedlm.federation.dp_sgd``) and the wrapper only
+keeps each client's privacy ledger. Epsilon comes from Opacus' accountants, never from a formula of our own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fedlm.config import PrivacyConfig
+from fedlm.errors import UserError
+from fedlm.federation.params import NamedTensors, weighted_mean
+from fedlm.federation.strategies.base import ClientUpdate, Strategy
+
+Kind = Literal["none", "client", "sample"]
+
+
+@dataclass(frozen=True)
+class PrivacySpec:
+    """What a run's ``privacy`` section asks for, decoupled from the config classes."""
+
+    kind: Kind = "none"
+    noise_multiplier: float = 1.0  # z: noise std in units of the clipping norm
+    clip: float = 1.0  # C, client level: the L2 bound of one client's update
+    max_grad_norm: float = 1.0  # sample level: the L2 bound of one example's gradient
+    delta: float = 1e-5
+    accountant: Literal["rdp", "prv"] = "rdp"
+
+    @classmethod
+    def from_config(cls, privacy: PrivacyConfig) -> PrivacySpec:
+        return cls(**privacy.model_dump())
+
+    def client_settings(self) -> dict[str, Any]:
+        """What each client's local training is told (``LocalSettings`` fields): DP-SGD's noise and clip."""
+        if self.kind != "sample":
+            return {}
+        return {"dp_noise_multiplier": self.noise_multiplier, "dp_max_grad_norm": self.max_grad_norm}
+
+
+def require_opacus(module: str) -> Any:
+    """``opacus.<module>``, imported on first use: opacus is the optional ``dp`` extra."""
+    try:
+        return importlib.import_module(f"opacus.{module}")
+    except ImportError:
+        raise UserError("differential privacy (privacy.kind client or sample) needs opacus: "
+                        "pip install -c constraints.txt 'fedlm[dp]'") from None
+
+
+def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp") -> float:
+    """Epsilon at ``delta`` after ``steps`` subsampled Gaussian steps (rate ``sample_rate``, noise ``z``), by Opacus'
+    accountant; 0 before any step, infinite without noise."""
+    if steps <= 0:
+        return 0.0
+    if noise_multiplier <= 0:
+        return math.inf
+    accountants = require_opacus("accountants")
+    ledger = accountants.PRVAccountant() if accountant == "prv" else accountants.RDPAccountant()
+    ledger.history = [(noise_multiplier, min(1.0, sample_rate), steps)]
+    return float(ledger.get_epsilon(delta))
+
+
+def clip_update(current: NamedTensors, params: NamedTensors, clip: float) -> tuple[NamedTensors, float]:
+    """``params`` moved back towards ``current`` so that the update (their difference over the names sent) has L2
+    norm at most ``clip``; an update already within the bound is returned as it is (the same tensors). Also
+    returns the update's norm before clipping."""
+    deltas = {name: value - current[name] for name, value in params.items()}
+    norm = math.sqrt(sum(float(d.double().pow(2).sum()) for d in deltas.values()))
+    if norm <= clip:
+        return params, norm
+    scale = clip / norm
+    return {name: current[name] + d * scale for name, d in deltas.items()}, norm
+
+
+def noise_seed(seed: int, round_idx: int) -> int:
+    """The seed of round ``round_idx``'s server noise: reproducible, and the same after a resume."""
+    return int(np.random.SeedSequence([seed, round_idx, 0x44_50]).generate_state(1)[0])
+
+
+def private_mean(current: NamedTensors, updates: list[ClientUpdate], clip: float, noise_multiplier: float,
+                 generator: torch.Generator) -> NamedTensors:
+    r"""McMahan et al.'s DP-FedAvg aggregate with uniform weights, in parameter space.
+
+    .. math::  \tilde w = w + \frac{1}{|S|}\Big(\sum_{k\in S} \Delta_k \min\big(1, \tfrac{C}{\lVert\Delta_k\rVert}\big)
+               + \mathcal N(0, z^2 C^2 I)\Big)
+
+    with :math:`\Delta_k` client k's update over the parameters that travel (a tensor a client did not send counts
+    as unchanged). Every client weighs the same: weighting by example counts would let one client move the
+    average by more than ``C / |S|``.
+    """
+    names = list(dict.fromkeys(name for u in updates for name in u.params))
+    clipped = [clip_update(current, {n: u.params.get(n, current[n]) for n in names}, clip)[0] for u in updates]
+    mean = weighted_mean([(params, 1.0) for params in clipped])
+    if noise_multiplier > 0:
+        std = noise_multiplier * clip / len(updates)
+        mean = {n: v + torch.normal(0.0, std, v.shape, generator=generator) for n, v in mean.items()}
+    return mean
+
+
+class PrivateStrategy:
+    """A strategy with differential privacy: client-level noise on the aggregate and/or the epsilon ledger.
+
+    Parameters
+    ----------
+    inner : Strategy
+        The server algorithm (FedAvg, FedProx, FedOpt); it aggregates the privatized update.
+    spec : PrivacySpec
+        The ``privacy`` section.
+    num_clients, clients_per_round : int
+        Client-level sampling rate q = clients_per_round / num_clients per round.
+    client_examples : dict[int, int]
+        Sample level: each client's training examples (its DP-SGD sampling rate is batch_size / examples).
+    batch_size : int
+        Sample level: the clients' batch size.
+    seed : int
+        Seeds the server's noise, one stream per round.
+    """
+
+    def __init__(self, inner: Strategy, spec: PrivacySpec, *, num_clients: int, clients_per_round: int,
+                 client_examples: dict[int, int] | None = None, batch_size: int = 1, seed: int = 0) -> None:
+        if spec.kind == "none":
+            raise ValueError("PrivateStrategy needs privacy kind client or sample")
+        require_opacus("accountants")  # a missing dp extra stops the run before its first round, in one line
+        self.inner = inner
+        self.name = inner.name
+        self.spec = spec
+        self.client_rate = clients_per_round / num_clients
+        self.client_examples = client_examples or {}
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rounds = 0  # rounds released (aggregated and accounted)
+        self.steps: dict[int, int] = {}  # sample level: DP-SGD steps each client has taken, all rounds together
+
+    def client_config(self) -> dict[str, Any]:
+        return self.inner.client_config()
+
+    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
+        if self.spec.kind != "client":
+            return self.inner.aggregate(current, updates)
+        generator = torch.Generator().manual_seed(noise_seed(self.seed, self.rounds + 1))
+        noised = private_mean(current, updates, self.spec.clip, self.spec.noise_multiplier, generator)
+        one = ClientUpdate(client_id=-1, num_examples=1, params=noised)
+        return self.inner.aggregate(current, [one])
+
+    def account(self, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+        """The round's privacy record (joins metrics.jsonl): epsilon at delta so far, and the sampling rate."""
+        self.rounds = round_idx
+        spec = self.spec
+        out: dict[str, Any] = {"dp_kind": spec.kind, "dp_delta": spec.delta,
+                               "dp_noise_multiplier": spec.noise_multiplier}
+        if spec.kind == "client":
+            out["dp_sample_rate"] = self.client_rate
+            out["dp_epsilon"] = epsilon(spec.noise_multiplier, self.client_rate, round_idx, spec.delta,
+                                        spec.accountant)
+            return out
+        for u in updates:
+            self.steps[u.client_id] = self.steps.get(u.client_id, 0) + int(u.metrics.get("steps", 0))
+        worst, client = 0.0, None
+        for cid, steps in self.steps.items():
+            eps = epsilon(spec.noise_multiplier, self._sample_rate(cid), steps, spec.delta, spec.accountant)
+            if client is None or eps > worst:
+                worst, client = eps, cid
+        out.update({"dp_epsilon": worst, "dp_epsilon_client": client,
+                    "dp_sample_rate": self._sample_rate(client) if client is not None else None,
+                    "dp_steps": self.steps.get(client, 0) if client is not None else 0})
+        return out
+
+    def _sample_rate(self, client_id: int) -> float:
+        return min(1.0, self.batch_size / max(1, self.client_examples.get(client_id, 1)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict(), "rounds": self.rounds, "steps": dict(self.steps)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state.get("inner", {}))
+        self.rounds = int(state.get("rounds", 0))
+        self.steps = {int(k): int(v) for k, v in state.get("steps", {}).items()}
+
+
+def with_privacy(strategy: Strategy, spec: PrivacySpec, **ledger: Any) -> Strategy:
+    """``strategy`` itself without DP, else wrapped in :class:`PrivateStrategy` (``ledger``: its keyword args)."""
+    return strategy if spec.kind == "none" else PrivateStrategy(strategy, spec, **ledger)

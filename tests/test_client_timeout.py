@@ -1,0 +1,190 @@
+"""A client stuck inside a step is cut off at its deadline, in simulation and on a Flower node, and what it
+does afterwards reaches neither the round, the run's model, the client store nor the next client."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from flwr.app import Context, Message, RecordDict
+
+from fedlm.config import dump_config, validate
+from fedlm.federation.client_round import ClientAbandoned, call_with_deadline, fit_client
+from fedlm.federation.codecs import get_codec
+from fedlm.federation.engine import ClientFailure, ClientJob, EngineHooks, RoundEngine, RoundPlan
+from fedlm.federation.local_training import LocalSettings, local_seed
+from fedlm.federation.params import snapshot, trainable_names
+from fedlm.federation.simulation import InProcessExecutor
+from fedlm.federation.store import ClientStore
+from fedlm.federation.strategies import FedAvg
+from fedlm.flower.client import ClientRuntime
+from fedlm.flower.messages import job_content
+from fedlm.flower.server import FlowerExecutor
+from fedlm.run.prepare import prepare
+from tests.conftest import tiny_config
+from tests.test_flower import ScriptedGrid, over_the_wire
+from tests.test_flower import task_identity as task_identity  # a fixture
+
+TIMEOUT_S = 3.0
+STUCK_S = TIMEOUT_S + 4.0  # a step that sleeps past the deadline
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def stuck_once(model: torch.nn.Module, seconds: float) -> threading.Event:
+    """Make ``model``'s next forward sleep ``seconds`` (a step that hangs); the event is set when it wakes."""
+    woke = threading.Event()
+
+    def hang(module, args):
+        handle.remove()
+        time.sleep(seconds)
+        woke.set()
+
+    handle = model.register_forward_pre_hook(hang)
+    return woke
+
+
+def test_call_with_deadline_returns_raises_or_abandons():
+    assert call_with_deadline(lambda: 7, 5.0) == 7
+    with pytest.raises(KeyError):
+        call_with_deadline(lambda: {}["missing"], 5.0)
+    started = time.monotonic()
+    with pytest.raises(ClientAbandoned, match=r"still working at its 0\.2s deadline; abandoned"):
+        call_with_deadline(lambda: time.sleep(3), 0.2)
+    assert time.monotonic() - started < 1.5
+
+
+def _engine(prep, fit_fn, rounds: int) -> tuple[RoundEngine, list[dict]]:
+    records: list[dict] = []
+    store = ClientStore({})
+    executor = InProcessExecutor(prep.model, prep.task, prep.client_train, get_codec("fp32"), store, [], fit_fn=fit_fn)
+    plan = RoundPlan(rounds=rounds, clients_per_round=4, min_clients=1, max_retries=0, timeout_s=TIMEOUT_S,
+                     seed=prep.config.seed)
+    engine = RoundEngine(FedAvg(), executor, get_codec("fp32"), list(prep.client_train),
+                         LocalSettings.from_config(prep.config.train), plan, EngineHooks(record=records.append))
+    return engine, records
+
+
+def test_simulation_abandons_a_stuck_client_at_its_deadline_and_keeps_nothing_of_it(tmp_path, tiny_csv):
+    """Client 1 hangs inside its first step of round 1. The round goes on at its deadline without it; once
+    the hung step returns, the abandoned worker stops; the rounds equal, bit for bit, a run where client 1
+    simply failed in round 1."""
+    cfg = validate(tiny_config(tmp_path, tiny_csv))
+    prep = prepare(cfg, tiny_csv)
+    initial = snapshot(prep.model, trainable_names(prep.model))
+    woke: list[threading.Event] = []
+
+    def hangs_in_round_1(model, task, rows, job, *rest, **kwargs):
+        if job.client_id == 1 and job.round_idx == 1:
+            woke.append(stuck_once(model, STUCK_S))
+        return fit_client(model, task, rows, job, *rest, **kwargs)
+
+    engine, records = _engine(prep, hangs_in_round_1, rounds=1)
+    started = time.monotonic()
+    after_1 = engine.run_round(1, dict(initial))
+    assert time.monotonic() - started < TIMEOUT_S + 2.5  # not STUCK_S: the round stopped waiting
+    assert records[0]["clients"] == [0, 2, 3]
+    assert records[0]["failed"] == [{"client": 1, "reason": "timeout: still working at its 3s deadline; abandoned"}]
+    run_model = {n: t.clone() for n, t in prep.model.state_dict().items()}
+    assert woke[0].wait(STUCK_S + 5)  # the hung step returns ...
+    time.sleep(0.5)  # ... and its worker runs into the stop at its next module
+    assert not any(t.name == "fedlm-client-1" and t.is_alive() for t in threading.enumerate())
+    assert all(torch.equal(t, run_model[n]) for n, t in prep.model.state_dict().items())
+    after_2 = engine.run_round(2, after_1)  # client 1 trains again, on a fresh copy
+
+    reference = prepare(cfg, tiny_csv)
+
+    def fails_in_round_1(model, task, rows, job, *rest, **kwargs):
+        if job.client_id == 1 and job.round_idx == 1:
+            raise RuntimeError("down")
+        return fit_client(model, task, rows, job, *rest, **kwargs)
+
+    ref_engine, ref_records = _engine(reference, fails_in_round_1, rounds=1)
+    ref_1 = ref_engine.run_round(1, dict(initial))
+    ref_2 = ref_engine.run_round(2, ref_1)
+    assert ref_records[1]["clients"] == records[1]["clients"] == [0, 1, 2, 3]
+    for name in initial:
+        assert torch.equal(after_1[name], ref_1[name]), name
+        assert torch.equal(after_2[name], ref_2[name]), name
+
+
+def test_a_deadline_that_is_not_reached_changes_nothing(tmp_path, tiny_csv):
+    """Without a timeout clients train the run's model in this thread; with one, a copy in a worker thread:
+    the same round, bit for bit."""
+    cfg = validate(tiny_config(tmp_path, tiny_csv))
+    rounds = {}
+    for timeout_s in (None, 60.0):
+        prep = prepare(cfg, tiny_csv)
+        where = []
+
+        def recording(model, task, rows, job, *rest, where=where, prep=prep, **kwargs):
+            where.append((threading.current_thread() is threading.main_thread(), model is prep.model))
+            return fit_client(model, task, rows, job, *rest, **kwargs)
+
+        engine, _ = _engine(prep, recording, rounds=1)
+        engine.plan.timeout_s = timeout_s
+        rounds[timeout_s] = engine.run_round(1, snapshot(prep.model, trainable_names(prep.model)))
+        assert set(where) == ({(True, True)} if timeout_s is None else {(False, False)})
+    for name, value in rounds[None].items():
+        assert torch.equal(value, rounds[60.0][name]), name
+
+
+# ---- on a Flower node ---------------------------------------------------------------------------------
+
+
+def _node_job(prep, client_id: int, timeout_s: float | None) -> ClientJob:
+    params = get_codec("fp32").encode(snapshot(prep.model, trainable_names(prep.model)))
+    return ClientJob(client_id, 1, params, LocalSettings.from_config(prep.config.train),
+                     local_seed(prep.config.seed, 1, client_id), timeout_s)
+
+
+def _context(partition: int) -> Context:
+    return Context(run_id=1, node_id=partition, node_config={"partition-id": partition}, state=RecordDict(),
+                   run_config={})
+
+
+def test_a_flower_node_answers_timeout_at_the_deadline_and_trains_the_next_job_afresh(task_identity, tmp_path,
+                                                                                      tiny_csv):
+    """The node's ClientRuntime (what its ClientApp calls for a train message): a job whose step hangs is
+    answered with a timeout at its deadline; the next job, sent while the abandoned worker still sleeps on
+    the old model, trains a newly prepared one and uploads what a fresh node uploads."""
+    cfg = validate(tiny_config(tmp_path, tiny_csv))
+    experiment, data_dir = dump_config(cfg), str(tiny_csv)
+    job = _node_job(prepare(cfg, tiny_csv), 2, TIMEOUT_S)
+
+    def send(runtime: ClientRuntime) -> Message:
+        msg = over_the_wire(Message(job_content(job, experiment), dst_node_id=7, message_type="train"))
+        return runtime.train(msg, _context(2))
+
+    node = ClientRuntime(data_dir)
+    assert not send(node).has_error()  # prepares the node's experiment and trains normally
+    woke = stuck_once(node.prepared(experiment, data_dir).model, STUCK_S)
+    started = time.monotonic()
+    stuck = send(node)
+    assert time.monotonic() - started < TIMEOUT_S + 2.0
+    assert stuck.has_error() and stuck.error.reason == "timeout: still working at its 3s deadline; abandoned"
+    again = send(node)
+    assert not again.has_error() and not woke.is_set()
+    fresh = send(ClientRuntime(data_dir))
+    for name in fresh.content["arrays"]:
+        assert (again.content["arrays"][name].numpy() == fresh.content["arrays"][name].numpy()).all(), name
+
+
+def test_the_server_waits_for_the_clients_deadline_plus_grace_not_the_reply_timeout(task_identity):
+    calls = []
+
+    def silent(msg: Message) -> None:
+        calls.append(msg.metadata.ttl)
+
+    grid = ScriptedGrid({100: silent})
+    executor = FlowerExecutor(grid, {0: 100}, get_codec("fp32"), "name: x", timeout_s=3600.0, grace_s=2.0)
+    params = get_codec("fp32").encode({"w": torch.ones(2)})
+    job = ClientJob(0, 1, params, LocalSettings(), seed=1, timeout_s=5.0)
+    [result] = executor.run([job])
+    assert isinstance(result, ClientFailure) and result.reason == "timeout: no reply within 7s"
+    assert grid.timeouts == [7.0] and calls == [7.0]  # the job's time to live too
+    no_limit = ClientJob(0, 1, params, LocalSettings(), seed=1, timeout_s=None)
+    executor.run([no_limit])
+    assert grid.timeouts[-1] == 3600.0

@@ -1,0 +1,154 @@
+"""Run directories are kept: a re-run never replaces a run unless told to (and then only once it has loaded),
+resume continues only a checkpoint trained with the run's own config, and a config.yaml cut short is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from fedlm.config import validate
+from fedlm.errors import UserError
+from fedlm.federation.simulation import InProcessExecutor
+from fedlm.run.grid import resume_run, run_config
+from fedlm.run.recorder import read_metrics
+from fedlm.run.rundir import END_LINE
+from fedlm.run.single import run_single
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """Plots are most of a tiny run's time and none of what these tests check."""
+    import fedlm.run.single as single
+
+    monkeypatch.setattr(single, "write_partition_report", lambda *args, **kwargs: None)
+    monkeypatch.setattr(single, "plot_run", lambda *args, **kwargs: None)
+
+
+def _raw(tmp_path, tiny_csv, rounds=1):
+    raw = tiny_config(tmp_path, tiny_csv, rounds=rounds)
+    raw["name"] = "keep"
+    raw["partition"] = {"kind": "iid", "num_clients": 2}
+    raw["train"]["local_steps"] = 2
+    return raw
+
+
+def _cli(tmp_path, *args):
+    proc = subprocess.run([sys.executable, "-m", "fedlm.cli", "run", *map(str, args)], capture_output=True,
+                          text=True, cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedlm: ")]
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    return proc.returncode, lines[0]
+
+
+def test_a_failed_rerun_leaves_the_finished_run_as_it_was(tmp_path, tiny_csv, one_thread):
+    raw = _raw(tmp_path, tiny_csv)
+    run_dir = run_config(validate(raw), tiny_csv)
+    kept = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+
+    rc, line = _cli(tmp_path, cfg, "data.source=/no/such/data")  # a re-run under the same name
+    assert rc == 2
+    assert f"{run_dir} already holds a finished run" in line and "--overwrite" in line and "name=" in line
+    raw["data"]["source"] = "/no/such/data"
+    with pytest.raises(UserError, match="/no/such/data"):  # --overwrite: replaced only once data and model load
+        run_config(validate(raw), tiny_csv, overwrite=True)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == kept
+
+
+def test_overwrite_replaces_the_run_directory_whole(tmp_path, tiny_csv, one_thread):
+    raw = _raw(tmp_path, tiny_csv)
+    run_dir = run_config(validate(raw), tiny_csv)
+    (run_dir / "client_states").mkdir()  # what the earlier run left that the new one would not write
+    raw["train"]["lr"] = 0.01
+    assert run_config(validate(raw), tiny_csv, overwrite=True) == run_dir
+    assert not (run_dir / "client_states").exists()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr"] == 0.01
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1]
+
+
+def test_an_unfinished_run_is_not_restarted_by_accident(tmp_path, tiny_csv, one_thread):
+    raw = _raw(tmp_path, tiny_csv, rounds=2)
+    config = validate(raw)
+
+    class StopInRound2(InProcessExecutor):
+        def run(self, jobs):
+            if jobs[0].round_idx == 2:
+                raise KeyboardInterrupt
+            return super().run(jobs)
+
+    run_dir = tmp_path / "runs" / "keep"
+    with pytest.raises(KeyboardInterrupt):
+        run_single(config, tiny_csv, run_dir, executor_factory=StopInRound2)
+    with pytest.raises(UserError, match=f"already holds an unfinished run; continue it with `fedlm run --resume "
+                                        f"{run_dir}`"):
+        run_config(config, tiny_csv)
+    resume_run(run_dir, tiny_csv)
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]
+
+
+def test_resume_refuses_a_checkpoint_trained_with_another_config(tmp_path, tiny_csv, one_thread):
+    raw = _raw(tmp_path, tiny_csv)
+    run_dir = tmp_path / "run"
+    run_single(validate(raw), tiny_csv, run_dir)
+    raw["train"]["lr"] = 0.01
+    raw["protocol"]["rounds"] = 2
+    with pytest.raises(UserError, match=r"state.pt \(round 1\) was trained with another config \(train.lr 0.003 "
+                                        r"-> 0.01\)") as err:
+        run_single(validate(raw), tiny_csv, run_dir, resume=True)
+    assert "\n" not in str(err.value)
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1]  # nothing was touched
+
+
+def test_rerun_interrupted_before_its_first_checkpoint_never_resumes_the_old_run(tmp_path, tiny_csv, one_thread):
+    """The issue's case: run A finished; run B under the same name (--overwrite) is interrupted before it
+    checkpoints; --resume must start B over, not continue A's weights."""
+    raw = _raw(tmp_path, tiny_csv)
+    run_dir = run_config(validate(raw), tiny_csv)
+    raw["model"]["overrides"] = {"hidden_dropout_prob": 0.0}
+
+    class StopInRound1(InProcessExecutor):
+        def run(self, jobs):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_single(validate(raw), tiny_csv, run_dir, overwrite=True, executor_factory=StopInRound1)
+    assert not (run_dir / "checkpoint").exists()  # A's checkpoint went with A
+    resume_run(run_dir, tiny_csv)
+    fresh = tmp_path / "fresh"
+    run_single(validate(raw), tiny_csv, fresh)
+    strip = [{k: v for k, v in r.items() if not k.endswith("_s")} for r in read_metrics(fresh)]
+    assert [{k: v for k, v in r.items() if not k.endswith("_s")} for r in read_metrics(run_dir)] == strip
+
+
+def test_resume_refuses_a_config_yaml_cut_short(tmp_path, tiny_csv, one_thread):
+    raw = _raw(tmp_path, tiny_csv)
+    raw["protocol"]["rounds"] = 2
+    raw["train"]["lr"] = 0.01  # a default would replace it if the file lost it
+    run_dir = tmp_path / "runs" / "keep"
+    run_single(validate(raw), tiny_csv, run_dir)
+    path = run_dir / "config.yaml"
+    text = path.read_text()
+    assert text.endswith(END_LINE)
+    for cut in (text[: len(text) // 2], text[: -len(END_LINE)]):
+        path.write_text(cut)
+        with pytest.raises(UserError, match=r"config.yaml is cut short, or was not written by this fedlm") as err:
+            resume_run(run_dir, tiny_csv)
+        assert "\n" not in str(err.value)
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]
+
+    def edited(section: str, key: str, value) -> str:
+        tree = yaml.safe_load(text)
+        tree[section][key] = value
+        return yaml.safe_dump(tree, sort_keys=False) + END_LINE
+
+    path.write_text(edited("train", "lr", 0.02))  # whole, but changed where it matters
+    with pytest.raises(UserError, match=r"trained with another config \(train.lr 0.01 -> 0.02\)"):
+        resume_run(run_dir, tiny_csv)
+    path.write_text(edited("protocol", "rounds", 3))  # more rounds: the run continues
+    resume_run(run_dir, tiny_csv)
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]

@@ -1,0 +1,216 @@
+"""Secure aggregation through Flower's SecAgg+: the ServerApp sees masked vectors, the aggregate is FedAvg's.
+
+The protocol is Flower's (``SecAggPlusWorkflow`` on the server, ``secaggplus_mod`` on the nodes); these tests
+check fedlm's use of it: what reaches the ServerApp per client, the aggregate against the simulator's within
+SecAgg+'s quantization bound (``fedlm.flower.secagg.error_bound``), and rounds with dropouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common import bytes_to_ndarray
+from flwr.common.constant import ErrorCode
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from transformers import AutoModelForSequenceClassification
+
+from fedlm.config import dump_config, validate
+from fedlm.errors import UserError
+from fedlm.federation.codecs import get_codec
+from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.local_training import LocalSettings
+from fedlm.federation.params import weighted_mean
+from fedlm.flower import secagg
+from fedlm.flower.messages import codec_from_content, job_content, job_from_content
+from fedlm.flower.secagg import SecAggSettings, error_bound, masked_reply, quantization_range
+from fedlm.flower.secagg_mod import secure_aggregation_mod
+from fedlm.flower.server import SecureFlowerExecutor, secure_settings
+from fedlm.run.recorder import read_metrics
+from fedlm.run.single import run_single
+from tests.conftest import tiny_config
+from tests.test_flower import ScriptedGrid, no_telemetry, over_the_wire, run_through_flower, task_identity
+
+__all__ = ["no_telemetry", "task_identity"]  # fixtures used here
+
+SIZES = {0: 30, 1: 50, 2: 20}  # each client's example count (its SecAgg+ weight)
+
+
+def client_delta(client_id: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + client_id)
+    return {"w": torch.randn(4, 6, generator=gen) * 0.1, "b": torch.randn(6, generator=gen) * 0.1}
+
+
+def secure_node(client_id: int, fail: bool = False):
+    """A node: Flower's SecAgg+ mod (through fedlm's) around a trainer that adds a known delta."""
+    app = ClientApp()
+
+    def train(msg: Message, context: Context) -> Message:
+        if fail:
+            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "exception: RuntimeError: lost power"),
+                           reply_to=msg)
+        job, _ = job_from_content(msg.content)
+        codec = codec_from_content(msg.content)
+        trained = {n: t + client_delta(client_id)[n] for n, t in codec.decode(job.params).items()}
+        content = masked_reply(codec.encode(trained), job, codec, SIZES[client_id], {"train_loss": 0.25},
+                               msg.content["config"])
+        return Message(content, reply_to=msg)
+
+    app.train(mods=[secure_aggregation_mod])(train)
+    context = Context(run_id=1, node_id=client_id, node_config={"partition-id": client_id}, state=RecordDict(),
+                      run_config={})
+    return lambda msg: app(msg, context)
+
+
+class WatchingGrid(ScriptedGrid):
+    """Keeps every reply the ServerApp receives."""
+
+    def __init__(self, script) -> None:
+        super().__init__(script)
+        self.received: list[Message] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = super().send_and_receive(messages, timeout=timeout)
+        self.received.extend(replies)
+        return replies
+
+
+GLOBAL = {"w": torch.linspace(-1, 1, 24).reshape(4, 6), "b": torch.zeros(6)}
+
+
+def _jobs(clients) -> list[ClientJob]:
+    params = get_codec("fp32").encode(GLOBAL)
+    return [ClientJob(cid, 3, params, LocalSettings(), seed=5) for cid in clients]
+
+
+def _expected(clients) -> dict[str, torch.Tensor]:
+    return weighted_mean([({n: GLOBAL[n] + d for n, d in client_delta(c).items()}, float(SIZES[c]))
+                          for c in clients])
+
+
+def test_server_receives_masked_vectors_and_the_weighted_mean(task_identity):
+    grid = WatchingGrid({10 + c: secure_node(c) for c in SIZES})
+    executor = SecureFlowerExecutor(grid, {c: 10 + c for c in SIZES}, get_codec("fp32"), "name: x",
+                                    SecAggSettings(), SIZES, timeout_s=5.0)
+    results = executor.run(_jobs(SIZES))
+    assert all(isinstance(r, ClientReport) for r in results)
+    expected = _expected(SIZES)
+    bound = error_bound(3, [n / max(SIZES.values()) for n in SIZES.values()], 8.0)
+    assert bound < 1e-7  # a fine grid: 2**30 levels for 3 clients
+    for report in results:
+        assert report.update.num_examples == SIZES[report.update.client_id]
+        assert report.update.metrics == {"train_loss": 0.25}
+        for name, value in expected.items():
+            got = report.update.params[name]
+            assert got.dtype == torch.float32 and got.shape == value.shape
+            assert (got - value).abs().max() <= bound + 1e-7, name  # + fp32 rounding of the result
+
+    masked = [r for r in grid.received if r.has_content() and Key.MASKED_PARAMETERS in
+              r.content.config_records[RECORD_KEY_CONFIGS]]
+    assert len(masked) == 3
+    t = quantization_range(3)
+    for reply in masked:
+        assert all(len(record) == 0 for record in reply.content.array_records.values())  # no plain update
+        vectors = [bytes_to_ndarray(b) for b in
+                   reply.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
+        values = np.concatenate([v.ravel() for v in vectors[1:]])  # [0] is the weight
+        # unmasked, every quantized value of a small delta sits near T/2; masked, they spread over [0, 2**32)
+        assert np.mean(np.abs(values - t / 2) < t / 8) < 0.2
+        assert values.min() >= 0 and values.max() < 2**32 and values.std() > 2**32 / 8
+
+
+def test_a_dropout_below_the_threshold_leaves_the_others_aggregate(task_identity):
+    grid = ScriptedGrid({10: secure_node(0), 11: secure_node(1), 12: secure_node(2, fail=True)})
+    executor = SecureFlowerExecutor(grid, {c: 10 + c for c in SIZES}, get_codec("fp32"), "name: x",
+                                    SecAggSettings(threshold=2), SIZES, timeout_s=5.0)
+    results = executor.run(_jobs(SIZES))
+    assert isinstance(results[2], ClientFailure) and results[2].reason == "exception: RuntimeError: lost power"
+    expected = _expected([0, 1])
+    bound = error_bound(2, [SIZES[0] / 50, SIZES[1] / 50], 8.0)
+    for report in results[:2]:
+        assert isinstance(report, ClientReport)
+        for name, value in expected.items():
+            assert (report.update.params[name] - value).abs().max() <= bound + 1e-7, name
+
+
+def test_too_many_dropouts_halt_the_round_with_reasons(task_identity):
+    grid = ScriptedGrid({10: secure_node(0), 11: secure_node(1, fail=True), 12: lambda msg: None})
+    executor = SecureFlowerExecutor(grid, {c: 10 + c for c in SIZES}, get_codec("fp32"), "name: x",
+                                    SecAggSettings(threshold=2), SIZES, timeout_s=5.0)
+    results = executor.run(_jobs(SIZES))
+    assert all(isinstance(r, ClientFailure) for r in results)
+    reasons = [r.reason for r in results]
+    assert reasons[0].startswith("secure aggregation halted")
+    assert reasons[2].startswith("timeout: no reply in the secure aggregation's setup stage")
+
+
+def test_node_refuses_plain_updates_and_oversized_deltas(task_identity):
+    app = ClientApp()
+    app.train(mods=[secure_aggregation_mod])(lambda msg, ctx: Message(RecordDict(), reply_to=msg))
+    plain = over_the_wire(Message(job_content(_jobs([0])[0], "name: x"), dst_node_id=7, message_type="train"))
+    strict = Context(run_id=1, node_id=7, node_config={"require-secure-aggregation": "true"}, state=RecordDict(),
+                     run_config={})
+    reply = app(plain, strict)
+    assert reply.has_error() and "only through secure aggregation" in reply.error.reason
+    job = _jobs([0])[0]
+    codec = get_codec("fp32")
+    config = job_content(job, "x", extra={secagg.MAX_WEIGHT_KEY: 30.0, secagg.CLIPPING_KEY: 0.5})["config"]
+    with pytest.raises(Exception, match="beyond SecAgg\\+'s clipping range"):
+        masked_reply(codec.encode({n: t + 1.0 for n, t in GLOBAL.items()}), job, codec, 30, {}, config)
+    with pytest.raises(Exception, match="more than the server's SecAgg\\+ max weight"):
+        masked_reply(codec.encode(GLOBAL), job, codec, 31, {}, config)
+
+
+def test_secure_fedavg_rounds_through_flower_match_the_simulator(tmp_path, tiny_csv, monkeypatch, no_telemetry):
+    """The real ClientApp under Flower's runtime: the aggregate agrees with the simulator's within SecAgg+'s
+    quantization (2 clients of equal size: 1.5e-8 per value), which two rounds of training keep small."""
+    raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2, codec="fp16")
+    raw["partition"]["num_clients"] = 3
+    config = validate(raw)
+    config_path = tmp_path / "experiment.yaml"
+    config_path.write_text(dump_config(config))
+    seen: list[Message] = []
+    original = secagg._RecordingGrid.send_and_receive
+
+    def watch(self, messages, *, timeout=None):
+        replies = original(self, messages, timeout=timeout)
+        seen.extend(replies)
+        return replies
+
+    monkeypatch.setattr(secagg._RecordingGrid, "send_and_receive", watch)
+    run_single(config, tiny_csv, tmp_path / "sim")
+    run_through_flower(monkeypatch, 3, **{"config": str(config_path), "data-dir": str(tiny_csv),
+                                          "run-dir": str(tmp_path / "flower"), "secure-aggregation": True})
+
+    sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in fl] == [0, 1, 2]
+    for a, b in zip(sim[1:], fl[1:], strict=True):
+        assert a["clients"] == b["clients"] and len(b["clients"]) == 2 and not b["failed"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
+        assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
+    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
+    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.allclose(pa, pb, atol=1e-5), name
+    # every train reply the ServerApp got carried no parameters in the clear, only SecAgg+'s records
+    assert len(seen) == 2 * 4 * 2  # 2 rounds x 4 stages x 2 nodes
+    assert all(not record for reply in seen for record in reply.content.array_records.values())
+
+
+def test_bad_secagg_settings_are_one_line_errors():
+    values = {"secagg-num-shares": 3, "secagg-threshold": 3}
+    with pytest.raises(UserError, match="must be less than `num_shares`"):
+        SecAggSettings.from_settings(lambda key, default: values.get(key, default))
+    with pytest.raises(UserError, match="secagg-threshold: expected a positive count or fraction"):
+        SecAggSettings.from_settings(lambda key, default: -1 if key == "secagg-threshold" else default)
+
+
+def test_client_level_dp_is_refused_under_secure_aggregation(tmp_path, tiny_csv):
+    raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2)
+    raw["privacy"] = {"kind": "client", "noise_multiplier": 1.0, "clip": 1.0}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={"secure-aggregation": True})
+    with pytest.raises(UserError, match=r"privacy\.kind: client clips"):
+        secure_settings(context, {}, validate(raw))
