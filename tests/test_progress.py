@@ -164,6 +164,7 @@ def test_a_complete_checkpoint_says_nothing(tmp_path, caplog):
     tokenizer, checkpoint = _tiny_checkpoint(tmp_path)
     build_model("bert", None, "classification", tokenizer, num_labels=2, checkpoint=checkpoint).save_pretrained(
         tmp_path / "classifier")
+    caplog.clear()  # the line above said "new head" (heard when an earlier CLI test left fedlm's logger at INFO)
     with caplog.at_level(logging.INFO, logger="fedlm"):
         build_model("bert", None, "classification", tokenizer, num_labels=2, checkpoint=str(tmp_path / "classifier"))
     assert not [r for r in caplog.records if r.name == "fedlm"]
