@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -18,12 +17,13 @@ from fedlm.config import validate
 from fedlm.data.sources import load_source
 from fedlm.errors import UserError
 from fedlm.models.build import FAMILIES, build_model, build_tokenizer
-from fedlm.models.cut import Cut, SplitModel
+from fedlm.models.cut import Cut
 from fedlm.run.recorder import RunRecorder, read_metrics
 from fedlm.run.single import run_single
 from fedlm.tasks import get_task
 from fedlm.tasks.qa import best_spans
 from tests.conftest import SHARED_DATA
+from tests.split_helpers import assert_split_step_equals_unsplit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -215,29 +215,7 @@ def test_split_step_equals_unsplit_step(tokenizers, family, cut):
     rows = task.preprocess(_dataset(), tokenizers[family], 40).to_list()  # last windows are short: padding
     batch = task.collate(rows, torch.Generator())
     assert (batch["attention_mask"] == 0).any()
-    reference = _model(family, tokenizers, layers=3).train()
-    model = copy.deepcopy(reference)
-    torch.manual_seed(5)
-    ref_loss, _ = task.loss(reference, batch)
-    ref_loss.backward()
-    torch.optim.SGD(reference.parameters(), lr=1.0).step()
-
-    split = SplitModel(model, cut)
-    torch.manual_seed(5)
-    sent = split.bottom(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-    received = sent.detached()
-    out = split.trunk(received)
-    top_in = out.detached()
-    loss, _ = task.loss_from_hidden(split.model, split.top(top_in), batch)  # start/end targets stay client-side
-    loss.backward()
-    out.hidden.backward(top_in.hidden.grad)
-    sent.hidden.backward(received.hidden.grad)
-    torch.optim.SGD(split.client_parameters() + split.trunk_parameters(), lr=1.0).step()
-
-    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=1e-5)
-    expected = reference.state_dict()
-    for name, value in model.state_dict().items():
-        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-5, msg=name)
+    assert_split_step_equals_unsplit(task, batch, _model(family, tokenizers, layers=3).train(), cut)
 
 
 def _config(tmp_path, name, kind, clients=1, rounds=1, family="bert", local_eval=True):

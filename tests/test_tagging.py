@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from fedlm.data.sources import load_source
 from fedlm.data.sources.conll import sentence_entity_labels
 from fedlm.errors import UserError
 from fedlm.models.build import FAMILIES, build_model, build_tokenizer
-from fedlm.models.cut import Cut, SplitModel
+from fedlm.models.cut import Cut
 from fedlm.run.prepare import resolve_task
 from fedlm.run.recorder import RunRecorder, read_metrics
 from fedlm.run.single import run_single
@@ -30,6 +29,7 @@ from fedlm.tasks import get_task
 from fedlm.tasks.base import IGNORE_INDEX
 from fedlm.tasks.tagging import align_labels, word_spans
 from tests.conftest import SHARED_DATA
+from tests.split_helpers import assert_split_step_equals_unsplit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -259,29 +259,7 @@ def test_split_step_equals_unsplit_step(tokenizers, family, cut):
     task = get_task("tagging", label_names=TAGS)
     rows = task.preprocess(_dataset(), tokenizers[family], 32).to_list()[:6]
     batch = task.collate(rows, torch.Generator())
-    reference = _model(family, tokenizers, layers=3).train()
-    model = copy.deepcopy(reference)
-    torch.manual_seed(5)
-    ref_loss, _ = task.loss(reference, batch)
-    ref_loss.backward()
-    torch.optim.SGD(reference.parameters(), lr=1.0).step()
-
-    split = SplitModel(model, cut)
-    torch.manual_seed(5)
-    sent = split.bottom(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-    received = sent.detached()
-    out = split.trunk(received)
-    top_in = out.detached()
-    loss, _ = task.loss_from_hidden(split.model, split.top(top_in), batch)  # labels stay with the client
-    loss.backward()
-    out.hidden.backward(top_in.hidden.grad)
-    sent.hidden.backward(received.hidden.grad)
-    torch.optim.SGD(split.client_parameters() + split.trunk_parameters(), lr=1.0).step()
-
-    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=1e-5)
-    expected = reference.state_dict()
-    for name, value in model.state_dict().items():
-        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-5, msg=name)
+    assert_split_step_equals_unsplit(task, batch, _model(family, tokenizers, layers=3).train(), cut)
 
 
 def _config(tmp_path, name, kind, clients=1, rounds=1, family="bert"):
