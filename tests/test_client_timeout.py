@@ -10,7 +10,7 @@ import pytest
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from fedlm.config import dump_config, validate
+from fedlm.config import SplitConfig, dump_config, validate
 from fedlm.federation.client_round import ClientAbandoned, call_with_deadline, fit_client
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, EngineHooks, RoundEngine, RoundPlan
@@ -22,7 +22,9 @@ from fedlm.federation.strategies import FedAvg
 from fedlm.flower.client import ClientRuntime
 from fedlm.flower.messages import job_content
 from fedlm.flower.server import FlowerExecutor
+from fedlm.models.build import build_model
 from fedlm.run.prepare import prepare
+from fedlm.split.executor import SplitExecutor
 from tests.conftest import tiny_config
 from tests.test_flower import ScriptedGrid, over_the_wire
 from tests.test_flower import task_identity as task_identity  # a fixture
@@ -188,3 +190,109 @@ def test_the_server_waits_for_the_clients_deadline_plus_grace_not_the_reply_time
     no_limit = ClientJob(0, 1, params, LocalSettings(), seed=1, timeout_s=None)
     executor.run([no_limit])
     assert grid.timeouts[-1] == 3600.0
+
+
+# ---- split learning in simulation ---------------------------------------------------------------------
+
+
+class HangingTask:
+    """``task`` whose ``collate`` sleeps ``STUCK_S`` (or raises, ``fail=True``) once, in the first batch of
+    the client whose rows it is given: a client computation stuck between two trunk messages."""
+
+    def __init__(self, task, rows: list[dict], fail: bool = False) -> None:
+        self.task, self.rows, self.fail = task, {id(r) for r in rows}, fail
+        self.armed = False
+        self.woke = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def collate(self, rows, generator):
+        if self.armed and id(rows[0]) in self.rows:
+            self.armed = False
+            if self.fail:
+                raise RuntimeError("down")
+            time.sleep(STUCK_S)
+            self.woke.set()
+        return self.task.collate(rows, generator)
+
+
+def _split_rounds(prep, mode: str, fail: bool, rounds: int = 2, timeout_s: float | None = TIMEOUT_S,
+                  hang: bool = True):
+    """``rounds`` split rounds of 3 clients with ``client_timeout_s``, client 1 hanging (or failing) in its
+    first batch of round 1: (global params after the rounds, per-round outcomes, round times, trunk check)."""
+    settings = LocalSettings(lr=0.01, batch_size=8, local_steps=2, max_grad_norm=None)
+    model = build_model("bert", "tiny", "classification", prep.tokenizer, num_labels=2, seed=3)
+    task = HangingTask(prep.task, list(prep.client_train[1]), fail=fail)
+    store = ClientStore({})
+    executor = SplitExecutor(model, SplitConfig(trunk_mode=mode, client_parts="average"), task,
+                             prep.client_train, get_codec("fp32"), store, settings)
+    store.initial = snapshot(model, executor.parts.local)
+    params = snapshot(model, executor.parts.trunk + executor.parts.shared)
+    outcomes, took = [], []
+    for round_idx in range(1, rounds + 1):
+        task.armed = hang and round_idx == 1
+        executor.begin_round(round_idx, params)
+        sent = get_codec("fp32").encode(executor.downlink(params))
+        jobs = [ClientJob(cid, round_idx, sent, settings, seed=100 + cid, timeout_s=timeout_s) for cid in range(3)]
+        started = time.monotonic()
+        results = executor.run(jobs)
+        took.append(time.monotonic() - started)
+        outcomes.append([r.reason if isinstance(r, ClientFailure) else "ok" for r in results])
+        reports = [r.update for r in results if not isinstance(r, ClientFailure)]
+        if reports:
+            params = {**FedAvg().aggregate(params, reports), **executor.server_params()}
+        if round_idx == 1 and hang and not fail:
+            trunk_after_round_1 = executor.trunk()
+            assert task.woke.wait(STUCK_S + 5)  # the hung step returns ...
+            time.sleep(0.5)  # ... and its worker runs into the stop at its next module
+            assert not any(t.name == "fedlm-client-1" and t.is_alive() for t in threading.enumerate())
+            assert all(torch.equal(t, executor.trunk()[n]) for n, t in trunk_after_round_1.items())
+    executor.close()
+    return params, outcomes, took
+
+
+@pytest.fixture(scope="module")
+def three_clients(tmp_path_factory, tiny_csv):
+    raw = tiny_config(tmp_path_factory.mktemp("split_timeout"), tiny_csv)
+    raw["partition"] = {"kind": "iid", "num_clients": 3}
+    return prepare(validate(raw), tiny_csv)
+
+
+ABANDONED = "timeout: still working at its 3s deadline; abandoned"
+
+
+def test_split_simulation_abandons_a_client_stuck_between_trunk_messages(three_clients):
+    """Client 1 hangs in its first batch of round 1 (client-side computation, before any trunk message). The
+    round goes on at the deadline without it; the abandoned worker never reaches the trunk (its session is
+    closed and its model copy stops at its next module); both rounds equal, bit for bit, a run where
+    client 1 failed at the same point."""
+    stuck, stuck_outcomes, took = _split_rounds(three_clients, "sequential", fail=False)
+    assert took[0] < TIMEOUT_S + 2.5  # not STUCK_S: the round stopped waiting
+    assert stuck_outcomes == [["ok", ABANDONED, "ok"], ["ok"] * 3]
+    failed, failed_outcomes, _ = _split_rounds(three_clients, "sequential", fail=True)
+    assert failed_outcomes[0][1].endswith("down") and failed_outcomes[1] == ["ok"] * 3
+    assert set(stuck) == set(failed)
+    for name in stuck:
+        assert torch.equal(stuck[name], failed[name]), name
+
+
+def test_a_client_batch_waits_for_its_stuck_member_only_until_the_deadline(three_clients):
+    """In lockstep the batch waits at the trunk for every member, so a member stuck at the deadline holds the
+    others up to it: the round ends at the deadline with the stuck client abandoned (and the others out of
+    time), the trunk untouched by the abandoned worker, and the next round trains all three."""
+    _, outcomes, took = _split_rounds(three_clients, "client_batch", fail=False)
+    assert took[0] < TIMEOUT_S + 2.5
+    assert outcomes[0][1] == ABANDONED and all(o.startswith("timeout:") for o in outcomes[0])
+    assert outcomes[1] == ["ok"] * 3
+
+
+@pytest.mark.parametrize("mode", ["sequential", "client_batch"])
+def test_a_split_deadline_that_is_not_reached_changes_nothing(three_clients, mode):
+    """With a deadline the client's computation runs in worker threads, without one in this thread: the same
+    rounds, bit for bit."""
+    free, free_outcomes, _ = _split_rounds(three_clients, mode, fail=False, timeout_s=None, hang=False)
+    timed, timed_outcomes, _ = _split_rounds(three_clients, mode, fail=False, timeout_s=60.0, hang=False)
+    assert free_outcomes == timed_outcomes == [["ok"] * 3] * 2
+    for name in free:
+        assert torch.equal(free[name], timed[name]), name

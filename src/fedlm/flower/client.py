@@ -104,14 +104,15 @@ class ClientRuntime:
             raise UserError(f"job for client {job.client_id} reached the node of client {own}")
         with self.lock:
             prep = self.prepared(experiment, self.data_dir_of(context))
+            session: GrpcTransport | None = None
             if prep.config.split is not None:
                 if content["config"].get(SECURE_KEY):
                     raise UserError("secure aggregation is for the FedAvg family, not split learning")
                 client = self.split_client(prep)
-                transport = self.trunk_transport(content, context, prep, own)
+                session = self.trunk_transport(content, context, prep, own)
                 held = client.model
                 work = partial(run_client_turn, client, prep.task, prep.client_train[own], job,
-                               codec_from_content(content), transport)
+                               codec_from_content(content), session)
             else:
                 codec = KeepUpload(codec_from_content(content))
                 held = prep.model
@@ -120,6 +121,8 @@ class ClientRuntime:
                 report, upload = call_with_deadline(work, job.timeout_s, name=f"fedlm-client-{own}")
             except ClientAbandoned:
                 self.abandon(held)
+                if session is not None:
+                    session.close()  # the abandoned worker cannot reach the trunk again
                 raise
         if content["config"].get(SECURE_KEY):  # secure_aggregation_mod masks it
             update = report.update

@@ -9,13 +9,15 @@ or on its own machine against a remote trunk (``run_client_turn``).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from fedlm.federation.client_round import finite_update
+from fedlm.federation.client_round import ClientAbandoned, call_with_deadline, finite_update
 from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.local_training import (
@@ -98,6 +100,29 @@ def run_client_turn(client: SplitModel, task: Task, rows: Sequence[dict], job: C
     encoded = codec.encode(shared)
     update = ClientUpdate(job.client_id, len(rows), shared, metrics)
     return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), encoded
+
+
+def cut_off_at(steps: Steps, deadline: float | None, timeout_s: float | None, name: str = "fedlm-split") -> Steps:
+    """``steps`` with each of its stretches of client computation run in a worker thread that is waited for
+    only until ``deadline`` (a ``time.monotonic()`` value): a client stuck inside a step is abandoned there
+    with :class:`ClientAbandoned`, whatever it is doing. The trunk's answers are fetched by the caller, so
+    the trunk's time counts against the client's deadline but is never cut off mid-exchange. Without a
+    deadline, ``steps`` itself."""
+    if deadline is None:
+        return steps
+    return _cut_off_at(steps, deadline, timeout_s, name)
+
+
+def _cut_off_at(steps: Steps, deadline: float, timeout_s: float | None, name: str) -> Steps:
+    answer: Answer | None = None
+    while True:
+        try:
+            request = call_with_deadline(partial(steps.send, answer), max(deadline - time.monotonic(), 1e-3), name)
+        except StopIteration as stop:
+            return stop.value
+        except ClientAbandoned:
+            raise ClientAbandoned(f"still working at its {timeout_s:g}s deadline; abandoned") from None
+        answer = yield request
 
 
 def call_trunk(transport: Transport, request: Request) -> Answer:

@@ -333,7 +333,7 @@ class GrpcTransport(ClientSide):
             raise TransportError(f"trunk answered {header['kind']} step {header['step']} to {kind} step {step}")
         return body
 
-    def close(self) -> None:
+    def _end(self) -> None:
         """End the session (the server drops this client's pending forwards) and the channel."""
         self._requests.put(None)
         self._reader.join(timeout=min(self._timeout_s, 5.0))

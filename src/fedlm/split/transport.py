@@ -63,6 +63,7 @@ class ClientSide(abc.ABC):
         self.bytes_received = 0
         self._hook = hook
         self._lock = threading.Lock()  # one exchange at a time: answers come back in order
+        self._closed = False
 
     def forward(self, step: int, acts: Activations) -> Activations:
         """The trunk output as a leaf needing grad, with the client's own mask and positions reattached,
@@ -80,6 +81,8 @@ class ClientSide(abc.ABC):
         tensors = wire.cast_floats(tensors, self.wire_dtype)
         payload = wire.encode(tensors)
         with self._lock:
+            if self._closed:
+                raise TransportError(f"the {kind} of step {step} came after the session was closed")
             if self._hook is not None:
                 self._hook(TO_SERVER, self.client_id, kind, wire.describe(tensors))
             self.bytes_sent += len(payload)
@@ -99,8 +102,18 @@ class ClientSide(abc.ABC):
     def _exchange(self, kind: str, step: int, payload: bytes) -> bytes:
         """Deliver one request payload, return the answer payload; raise :class:`TransportError`."""
 
+    def close(self) -> None:
+        """End the session once any exchange in flight has its answer; later calls raise
+        :class:`TransportError`, so a client abandoned at its deadline cannot reach the trunk again."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._end()
+
     @abc.abstractmethod
-    def close(self) -> None: ...
+    def _end(self) -> None:
+        """Release the session's resources (called once)."""
 
 
 class InProcessTransport(ClientSide):
@@ -119,7 +132,7 @@ class InProcessTransport(ClientSide):
             log.warning("trunk: rejected a %s of step %s from client %s: %s", kind, step, self.client_id, err)
             raise TransportError(f"trunk refused the {kind} of step {step}: {err}") from None
 
-    def close(self) -> None:
+    def _end(self) -> None:
         """Forget this client's pending forwards on the backend."""
         self._backend.drop(self.client_id)
 

@@ -15,14 +15,22 @@ from typing import Protocol
 
 import torch
 
-from fedlm.federation.client_round import client_failure, finite_update
+from fedlm.federation.client_round import ClientAbandoned, client_failure, finite_update, stop_at_next_module
 from fedlm.federation.codecs import Codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import load_into, snapshot
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.models.cut import SplitModel
-from fedlm.split.client import BOUNDARY_DOWN, BOUNDARY_UP, Steps, client_steps, drive, drive_lockstep
+from fedlm.split.client import (
+    BOUNDARY_DOWN,
+    BOUNDARY_UP,
+    Steps,
+    client_steps,
+    cut_off_at,
+    drive,
+    drive_lockstep,
+)
 from fedlm.split.grpc import LoopbackGrpc
 from fedlm.split.optimizer_state import OptimizerState
 from fedlm.split.parts import ClientParts, SplitParts, client_copy
@@ -69,7 +77,14 @@ class Clients(Protocol):
 class LocalClients:
     """The round's clients in this process, each a model copy holding no trunk weights, talking to the trunk
     through a transport (``connect``). A client starts from the parts it was sent (or those handed on), plus
-    what it keeps in ``store``; it keeps its local parts there again after its turn."""
+    what it keeps in ``store``; it keeps its local parts there again after its turn.
+
+    With ``client_timeout_s`` a client's computation runs in worker threads cut off at its deadline
+    (:func:`~fedlm.split.client.cut_off_at`). An abandoned client's session is closed, so it cannot reach
+    the trunk again, and its model copy is retired: it stops at its next module, and later turns use a new one.
+    Clients trained together (``client_batch``) meet at the trunk every step, so they share one clock: a
+    member stuck at the deadline holds the others up to it, as it would in a deployment.
+    """
 
     def __init__(self, server: SplitModel, parts: SplitParts, policy: ClientParts, optimizer_state: OptimizerState,
                  task: Task, client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore,
@@ -93,6 +108,9 @@ class LocalClients:
         try:
             metrics = drive(self._steps(client, job), transport)
             return self._report(job, client, metrics, transport)
+        except ClientAbandoned as exc:
+            self._retire(0)
+            return client_failure(job.client_id, exc)
         except Exception as exc:
             return client_failure(job.client_id, exc)
         finally:
@@ -113,6 +131,8 @@ class LocalClients:
                     raise outcome
                 results.append(self._report(job, clients[job.client_id], outcome, transports[job.client_id]))
             except Exception as exc:
+                if isinstance(exc, ClientAbandoned):
+                    self._retire(self.models.index(clients[job.client_id]))
                 results.append(client_failure(job.client_id, exc))
         return results
 
@@ -125,6 +145,12 @@ class LocalClients:
             self.models.append(client_copy(self.server))
         return self.models[index]
 
+    def _retire(self, index: int) -> None:
+        """Leave client copy ``index`` to its abandoned worker (stopped at its next module); a new copy
+        takes its place."""
+        stop_at_next_module(self.models[index].model)
+        self.models[index] = client_copy(self.server)
+
     def _prepare(self, client: SplitModel, job: ClientJob) -> None:
         relayed = self.policy.relayed()  # share: the previous client's parts (passed through the server)
         load_into(client.model, self.codec.decode(job.params) if relayed is None else relayed)
@@ -132,8 +158,10 @@ class LocalClients:
 
     def _steps(self, client: SplitModel, job: ClientJob) -> Steps:
         optimizer = self.optimizer_state.client_optimizer(client, job)
-        return client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed,
-                            job.deadline(), optimizer)
+        deadline = job.deadline()
+        steps = client_steps(client, self.task, self.client_rows[job.client_id], job.settings, job.seed, deadline,
+                             optimizer)
+        return cut_off_at(steps, deadline, job.timeout_s, name=f"fedlm-client-{job.client_id}")
 
     def _report(self, job: ClientJob, client: SplitModel, metrics: dict[str, float],
                 transport: Transport) -> ClientReport:
