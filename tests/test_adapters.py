@@ -23,6 +23,7 @@ from fedlm.models.cut import Cut, SplitModel
 from fedlm.run.recorder import RunRecorder, read_metrics
 from fedlm.run.single import run_single
 from fedlm.tasks import get_task
+from fedlm.tasks.generation import left_pad
 from tests.conftest import make_sentences, tiny_config
 from tests.test_flower import no_telemetry, run_through_flower  # noqa: F401 (a fixture)
 
@@ -82,51 +83,158 @@ def test_lora_and_ia3_start_as_the_identity_so_round_0_is_the_base_model(tokeniz
     assert bool(heads) == (task == "classification")  # train_head defaults to classification/regression only
 
 
+def _peft_reference(adapter, base, tmp_path, ids, mask):
+    """The saved adapter on an untouched copy of the base, run the way ``PeftModel.forward`` runs it (its
+    prompt as a key/value cache, the mask widened) but with the tokens numbered from 0 as fedlm numbers them
+    (``PeftModel.forward`` itself adds the prefix length to the positions, see fedlm.models.prefixes)."""
+    adapter.save(tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "adapter").eval()
+    length = reloaded.peft_config["default"].num_virtual_tokens
+    wide = torch.cat([torch.ones(ids.shape[0], length, dtype=mask.dtype), mask], dim=1)
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    with torch.no_grad():
+        return reloaded.get_base_model()(input_ids=ids, attention_mask=wide, position_ids=positions,
+                                         past_key_values=reloaded.get_prompt(ids.shape[0])).logits
+
+
 @pytest.mark.parametrize("kind", ["prefix", "p_tuning_v2"])
 @pytest.mark.parametrize(("family", "task", "overrides"), [
     ("gpt2", "classification", {}), ("bert", "mlm", {}), ("llama", "clm", {"num_key_value_heads": 1}),  # GQA
 ])
-def test_prefix_hook_computes_what_peft_own_forward_computes(tokenizers, kind, family, task, overrides):
-    """fedlm's tasks call the base model; the pre-hook must add the prefixes exactly as PeftModel.forward."""
+def test_block_prefixes_compute_what_peft_prefix_cache_computes(tokenizers, tmp_path, kind, family, task, overrides):
+    """fedlm's tasks call the base model; each attention layer's hook must add its prefix as peft's cache does,
+    and ``model/`` (peft's save_pretrained) must hold exactly the prefixes that ran."""
     model = build_model(family, "tiny", task, tokenizers[family], num_labels=2, overrides=overrides, seed=0)
     base = copy.deepcopy(model).eval()
     adapter = apply_adapter(AdapterConfig(kind=kind, prefix_length=3), model, task, seed=0)
     names = adapter.trainable_names()
-    assert names and all(n.startswith("prompt_encoder.") or "modules_to_save" in n for n in names)
-    assert any("transform" in n for n in names) == (kind == "prefix")  # p_tuning_v2: no projection MLP
+    prefixes = [n for n in names if ".prefix_kv." in n]
+    if kind == "p_tuning_v2":  # one prefix per block, inside the block; no projection MLP
+        assert len(prefixes) == 2 and not any(n.startswith("prompt_encoder.") for n in names)
+    else:  # the projection makes every block's prefix: one module outside the blocks
+        assert not prefixes and any("prompt_encoder.default.transform" in n for n in names)
+    assert all(".prefix_kv." in n or n.startswith("prompt_encoder.") or "modules_to_save" in n for n in names)
+    with torch.no_grad():  # trained prefixes, not peft's initialisation
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.5 * torch.randn_like(p))
     _, batch = _batch(family, task, tokenizers)
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    ids, mask = batch["input_ids"], batch["attention_mask"]
     adapter.model.eval()
     with torch.no_grad():
-        ours = adapter.model(**inputs).logits
-        peft_own = adapter.peft_model(**inputs).logits  # PeftModelForFeatureExtraction adds the prefixes itself
-        plain = base(**inputs).logits
-    torch.testing.assert_close(ours, peft_own, rtol=0, atol=1e-6)
+        ours = adapter.model(input_ids=ids, attention_mask=mask).logits
+        plain = base(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(ours, _peft_reference(adapter, base, tmp_path, ids, mask), rtol=0, atol=1e-5)
     assert not torch.allclose(ours, plain, atol=1e-4), "the prefixes must change the output"
-    hidden = adapter.model.base_model(**inputs).last_hidden_state  # the tasks' own path (base_hidden)
-    assert hidden.shape[:2] == inputs["input_ids"].shape  # prefixes are keys/values only, never outputs
+    hidden = adapter.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state  # the tasks' path
+    assert hidden.shape[:2] == ids.shape  # prefixes are keys/values only, never outputs
 
 
-def test_p_tuning_v2_on_gemma3_with_sliding_window_and_gqa_matches_peft():
-    """FL-GLM's setting: p-tuning v2 on a Gemma 3 model (sliding-window layers, one key/value head)."""
+def test_p_tuning_v2_on_gemma3_with_sliding_window_and_gqa_matches_peft(tmp_path):
+    """FL-GLM's setting: p-tuning v2 on a Gemma 3 model (sliding-window layers, one key/value head); the
+    window here is longer than the input, as peft's prefix leaves a shorter window (fedlm's stays visible)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=16,
                               layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     torch.manual_seed(0)
     model = Gemma3ForCausalLM(config).eval()
+    base = copy.deepcopy(model)
     adapter = apply_adapter(AdapterConfig(kind="p_tuning_v2", prefix_length=3), model, "clm")
     ids = torch.randint(1, 100, (2, 7))
     mask = torch.ones(2, 7, dtype=torch.long)
     mask[1, 5:] = 0
     ours = adapter.model(input_ids=ids, attention_mask=mask).logits
-    with torch.no_grad():
-        theirs = adapter.peft_model(input_ids=ids, attention_mask=mask).logits
-    torch.testing.assert_close(ours.detach(), theirs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.detach(), _peft_reference(adapter, base, tmp_path, ids, mask), rtol=0, atol=1e-6)
     ours.sum().backward()
-    assert adapter.trainable_names() == ["prompt_encoder.default.embedding.weight"]
-    assert model.get_parameter("prompt_encoder.default.embedding.weight").grad.abs().sum() > 0
+    names = [f"model.layers.{b}.self_attn.prefix_kv.weight" for b in range(3)]
+    assert adapter.trainable_names() == names
+    assert all(model.get_parameter(n).grad.abs().sum() > 0 for n in names)
+    assert model.get_parameter(names[0]).shape == (3, 2 * 1 * 16)  # P x (key + value) x kv heads x head dim
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_generation_with_a_cache_uses_the_prefixes_as_the_forward_does(tokenizers, family):
+    """``generate`` keeps a key/value cache; the prefix must enter every step (never the cache itself), so
+    greedy decoding equals re-running the whole forward for each new token."""
+    adapter, _ = _adapted(family, "clm", tokenizers, kind="p_tuning_v2", prefix_length=3)
+    model = adapter.model.eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.normal_(0, 1.0)
+    tok = tokenizers[family]
+    ids, mask = left_pad([tok(t)["input_ids"][:n] for t, n in zip(TEXTS[:3], (6, 3, 5), strict=True)],
+                         tok.pad_token_id)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, min_length=0,
+                         pad_token_id=tok.pad_token_id, eos_token_id=None, output_scores=True,
+                         return_dict_in_generate=True)
+    tokens, seen = ids, mask
+    for step in range(4):
+        positions = (seen.cumsum(-1) - 1).clamp(min=0)  # what generate numbers left-padded prompts with
+        with torch.no_grad():
+            logits = model(input_ids=tokens, attention_mask=seen, position_ids=positions, use_cache=False).logits
+        torch.testing.assert_close(out.scores[step], logits[:, -1], rtol=0, atol=1e-5)
+        chosen = logits[:, -1].argmax(-1, keepdim=True)
+        tokens, seen = torch.cat([tokens, chosen], 1), torch.cat([seen, torch.ones_like(chosen)], 1)
+    assert torch.equal(out.sequences, tokens)
+
+
+def test_a_saved_p_tuning_v2_adapter_loads_back_into_its_blocks(tokenizers, tmp_path):
+    adapter, base = _adapted("bert", "classification", tokenizers, kind="p_tuning_v2", prefix_length=2)
+    with torch.no_grad():
+        for p in adapter.model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))
+    adapter.save(tmp_path / "model")
+    saved = load_file(tmp_path / "model" / "adapter_model.safetensors")
+    prefixes = [adapter.model.get_parameter(f"bert.encoder.layer.{b}.attention.self.prefix_kv.weight")
+                for b in range(2)]
+    torch.testing.assert_close(saved["prompt_embeddings"], torch.cat(prefixes, dim=1), rtol=0, atol=0)
+    fresh = apply_adapter(AdapterConfig(kind="p_tuning_v2", prefix_length=2), copy.deepcopy(base),
+                          "classification", seed=1)
+    fresh.load(tmp_path / "model")
+    expected = snapshot(adapter.model, adapter.trainable_names())
+    got = snapshot(fresh.model, fresh.trainable_names())
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_opacus_sees_each_example_own_prefix_gradient(tokenizers):
+    """DP-SGD clips per example: a block's prefix is looked up once per example, so Opacus' per-example
+    gradient of it is that example's gradient alone."""
+    from opacus.grad_sample import GradSampleModule
+
+    model = build_model("bert", "tiny", "classification", tokenizers["bert"], num_labels=2, seed=0,
+                        overrides={"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    model = apply_adapter(AdapterConfig(kind="p_tuning_v2", prefix_length=2), model, "classification").model
+    model.train()  # Opacus records activations in training mode only; no dropout, so examples stay apart
+    _, batch = _batch("bert", "classification", tokenizers)
+    ids, mask = batch["input_ids"][:3], batch["attention_mask"][:3]
+    name = "bert.encoder.layer.1.attention.self.prefix_kv.weight"
+    alone = []
+    for i in range(3):
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids[i : i + 1], attention_mask=mask[i : i + 1]).logits[0, 1].backward()
+        alone.append(model.get_parameter(name).grad.clone())
+    model.zero_grad(set_to_none=True)
+    tracked = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    try:
+        tracked(input_ids=ids, attention_mask=mask).logits[:, 1].sum().backward()
+        per_example = model.get_parameter(name).grad_sample
+        torch.testing.assert_close(per_example, torch.stack(alone), rtol=1e-4, atol=1e-6)
+    finally:
+        tracked.remove_hooks()
+
+
+def test_prefixes_on_a_family_whose_attention_keeps_no_cache_are_one_line(tokenizers):
+    tok = build_tokenizer(None, "distilbert", TEXTS, 200)
+    model = build_model("distilbert", "tiny", "classification", tok, num_labels=2, seed=0)
+    with pytest.raises(UserError, match="p_tuning_v2 on a distilbert model: its attention layers take no") as err:
+        apply_adapter(AdapterConfig(kind="p_tuning_v2"), model, "classification")
+    assert "\n" not in str(err.value)
 
 
 # ------------------------------------------------------------------------------------- LoRA under FedAvg
@@ -174,7 +282,7 @@ def _run(tmp_path, tiny_csv, name: str, adapter: dict, clients: int = 2, **proto
 def test_only_adapter_and_head_travel_and_bytes_are_their_sizes(tmp_path, tiny_csv, kind, codec):
     run_dir, records, sharing = _run(tmp_path, tiny_csv, kind, {"kind": kind}, codec=codec, rounds=1)
     names = sharing["global"]["names"] + sharing["local"]["names"]
-    assert names and all(("lora_" in n or "ia3_" in n or "prompt_encoder" in n or "modules_to_save" in n)
+    assert names and all(("lora_" in n or "ia3_" in n or ".prefix_kv." in n or "modules_to_save" in n)
                          for n in names)
     checkpoint = RunRecorder(run_dir).load_checkpoint()["global"]
     assert set(checkpoint) == set(sharing["global"]["names"])
@@ -343,7 +451,7 @@ def test_one_client_lora_split_run_equals_lora_fedavg_and_never_sends_the_trunk(
 
 @pytest.mark.parametrize(("change", "words"), [
     ({"adapter": {"kind": "prefix", "r": 4}}, "r not used by adapter.kind prefix"),
-    ({"adapter": {"kind": "p_tuning_v2"}, "split": {}}, "p_tuning_v2 does not run through a split model"),
+    ({"adapter": {"kind": "prefix"}, "split": {}}, "prefix with a projection does not run through a split model"),
     ({"adapter": {"kind": "lora"}, "downstream": {"x": {"task": "mlm"}}}, "with an adapter the run saves"),
     ({"adapter": {"kind": "dora"}}, "adapter.kind"),
 ])

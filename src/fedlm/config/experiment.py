@@ -89,10 +89,10 @@ class ExperimentConfig(Section):
                                  "encoder-decoder (its decoder attends to the encoder's output in every block); "
                                  "use a decoder-only family (gpt2, llama) for split seq2seq, or remove the split "
                                  "section")
-            if self.adapter is not None and self.adapter.kind in ("prefix", "p_tuning_v2"):
-                raise ValueError(f"adapter.kind {self.adapter.kind} does not run through a split model yet (its "
-                                 "prefixes enter every block's attention cache); use adapter.kind lora or ia3, "
-                                 "or remove the split section")
+            if self.adapter is not None and self.adapter.kind == "prefix" and self.adapter.projection:
+                raise ValueError("adapter.kind prefix with a projection does not run through a split model (one MLP "
+                                 "makes every block's prefix, so it belongs to neither side); use adapter.kind "
+                                 "p_tuning_v2 (per-block prefixes) or set adapter.projection: false")
         sampled = self.protocol.clients_per_round
         if sampled is not None and self.protocol.kind not in ("centralized", "isolated") and (
                 sampled > self.partition.num_clients):

@@ -8,13 +8,17 @@ The model fedlm trains and sends stays the ``transformers`` model itself, with p
   a round sends and counts, are the adapter's (plus the task head's, ``train_head``); sharing selectors and
   ``critical_layer`` find each adapter tensor's block by its name; a split cut gives each side the adapters
   inside its own blocks.
-* Prefix tuning and P-Tuning v2: peft builds the prefixes in ``PeftModel.forward``, which fedlm's tasks do
-  not call (they read the base model's hidden state). So the prompt encoder is registered on the model as
-  ``prompt_encoder`` and a forward pre-hook on the base model passes the prefixes as past keys/values and
-  widens the attention mask, which is what ``PeftModel.forward`` does. The prefixes of all blocks are one
-  tensor outside every block, so sharing selectors cannot divide it by block.
+* Prefix tuning and P-Tuning v2: peft builds the prefixes of all blocks in ``PeftModel.forward``, which
+  fedlm's tasks do not call (they read the base model's hidden state), from one prompt encoder outside the
+  model. fedlm gives each block's attention its own prefix instead (:mod:`fedlm.models.prefixes`:
+  ``model.layers.3.self_attn.prefix_kv.weight``), fed by a hook on that attention layer, so a prefix too is
+  found by its block: sharing selectors, ``critical_layer`` and split cuts divide P-Tuning v2 by block. The
+  prefix kind's projection MLP (shared by all blocks) stays one module outside them (``prompt_encoder``).
 
-The ``PeftModel`` is kept beside the model (:class:`Adapter`) for ``save_pretrained`` and merging.
+The ``PeftModel`` is kept beside the model (:class:`Adapter`) for ``save_pretrained`` and merging; before
+saving, the blocks' prefixes are gathered back into peft's prompt embedding, so ``model/`` is a plain peft
+prefix-tuning adapter (``PeftModel.from_pretrained`` loads it; see :mod:`fedlm.models.prefixes` for the
+positions it numbers differently).
 
 FedAvg of LoRA factors averages A and B separately: a client's update is (alpha / r) B_k A_k, and the
 aggregate's is (alpha / r) mean(B) mean(A), which is not mean(B_k A_k) once the clients' factors differ.
@@ -33,12 +37,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import IA3Config, LoraConfig, PeftConfig, PeftModel, PrefixTuningConfig, get_peft_model
+from peft import (
+    IA3Config,
+    LoraConfig,
+    PeftConfig,
+    PeftModel,
+    PrefixTuningConfig,
+    get_peft_model,
+    load_peft_weights,
+    set_peft_model_state_dict,
+)
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
 from fedlm.config import AdapterConfig
 from fedlm.errors import UserError
+from fedlm.models.prefixes import attach_prefixes, attention_modules, gather_prefixes, scatter_prefixes
 
 __all__ = ["PREFIX_KINDS", "Adapter", "apply_adapter", "head_module_names", "linear_block_modules"]
 
@@ -63,9 +77,21 @@ class Adapter:
     def trainable_names(self) -> list[str]:
         return [name for name, p in self.model.named_parameters() if p.requires_grad]
 
+    def load(self, path: Path) -> None:
+        """Weights written by :meth:`save` back into this adapter (built from the same spec on the same base),
+        a P-Tuning v2 prefix into its blocks."""
+        if self.kind == "prefix" and self.peft_model.peft_config[self.peft_model.active_adapter].prefix_projection:
+            raise UserError(f"{path}: a projected prefix is saved as the MLP's output, not the MLP; load it with "
+                            "peft's PeftModel.from_pretrained (inference only)")
+        set_peft_model_state_dict(self.peft_model, load_peft_weights(str(path)))
+        if self.kind in PREFIX_KINDS:
+            scatter_prefixes(self.peft_model, self.model)
+
     def save(self, path: Path) -> None:
         """The adapter (and trained head) with peft's ``save_pretrained``; with ``save_merged``, also the base
         with the adapter folded into its weights, a plain transformers model, in ``path/merged``."""
+        if self.kind in PREFIX_KINDS:
+            gather_prefixes(self.peft_model, self.model)
         self.peft_model.save_pretrained(path)
         if self.save_merged:
             merged = copy.deepcopy(self.peft_model).merge_and_unload()
@@ -81,6 +107,8 @@ def apply_adapter(spec: AdapterConfig, model: PreTrainedModel, task: str, seed: 
     if spec.kind in PREFIX_KINDS and getattr(model.config, "is_encoder_decoder", False):
         raise UserError(f"adapter.kind {spec.kind} is for encoder-only and decoder-only models, not the "
                         f"encoder-decoder {model.config.model_type}; use adapter.kind lora or ia3")
+    if spec.kind in PREFIX_KINDS:
+        attention_modules(model, spec.kind)  # a family with nowhere to put prefixes: one line, before peft's
     head = head_module_names(model) if train_head else None
     config = _peft_config(spec, model, head)
     with _seeded(seed):
@@ -91,7 +119,7 @@ def apply_adapter(spec: AdapterConfig, model: PreTrainedModel, task: str, seed: 
             raise UserError(f"adapter.kind {spec.kind} on a {model.config.model_type} model: {reason} "
                             "(set adapter.target_modules to module names of this model, or all-linear)") from None
     if spec.kind in PREFIX_KINDS:
-        _route_prefixes(peft_model, model)
+        attach_prefixes(peft_model, model, spec.kind)
     return Adapter(spec.kind, peft_model, spec.save_merged)
 
 
@@ -141,28 +169,6 @@ def head_module_names(model: PreTrainedModel) -> list[str]:
 
 def _has_parameters(module: torch.nn.Module) -> bool:
     return any(True for _ in module.parameters())
-
-
-def _route_prefixes(peft_model: PeftModel, model: PreTrainedModel) -> None:
-    """Make the prompt encoder part of ``model`` and feed its prefixes to every call of the base model."""
-    model.add_module("prompt_encoder", peft_model.prompt_encoder)
-    length = peft_model.peft_config[peft_model.active_adapter].num_virtual_tokens
-
-    def add_prefixes(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if kwargs.get("past_key_values") is not None:
-            return args, kwargs
-        first = kwargs.get("input_ids", args[0] if args else None)
-        if first is None:
-            first = kwargs["inputs_embeds"]
-        batch = first.shape[0]
-        kwargs["past_key_values"] = peft_model.get_prompt(batch)
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            ones = torch.ones(batch, length, dtype=mask.dtype, device=mask.device)
-            kwargs["attention_mask"] = torch.cat([ones, mask], dim=1)
-        return args, kwargs
-
-    model.base_model.register_forward_pre_hook(add_prefixes, with_kwargs=True)
 
 
 @contextlib.contextmanager
