@@ -13,7 +13,7 @@ from fedlm.errors import UserError
 from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundFailed, RoundPlan
-from fedlm.federation.local_training import LocalSettings, batch_order, local_seed
+from fedlm.federation.local_training import LocalSettings, batch_order, local_seed, round_lr
 from fedlm.federation.params import snapshot, trainable_names
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.store import ClientStore
@@ -226,3 +226,38 @@ def test_mask_rate_reaches_the_mlm_task_and_is_refused_elsewhere(tmp_path, tiny_
     classifier["train"] = classifier["train"] | {"mask_rate": 0.4}
     with pytest.raises(UserError, match=r"train\.mask_rate is for masked LM"):
         prepare(validate(classifier), tiny_csv)
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [
+    ("constant", [1.0, 1.0, 1.0, 1.0]),
+    ("linear", [1.0, 0.75, 0.5, 0.25]),
+    ("cosine", [1.0, 0.5 * (1 + 2**-0.5), 0.5, 0.5 * (1 - 2**-0.5)]),
+])
+def test_lr_schedule_gives_each_round_its_learning_rate(schedule, expected):
+    assert [round_lr(2e-4, schedule, r, 4) / 2e-4 for r in (1, 2, 3, 4)] == pytest.approx(expected)
+
+
+def test_the_engine_hands_each_round_the_scheduled_lr_and_a_resumed_run_continues_it(tmp_path, tiny_csv):
+    cfg = validate(tiny_config(tmp_path, tiny_csv))
+    prep = prepare(cfg, tiny_csv)
+    seen: dict[int, set[float]] = {}
+
+    def recording(model, task, rows, job, *rest):
+        seen.setdefault(job.round_idx, set()).add(job.settings.lr)
+        return fit_client(model, task, rows, job, *rest)
+
+    engine, initial = _engine(prep, FedAvg(), clients_per_round=2, rounds=3, fit_fn=recording)
+    engine.plan.lr_schedule = "linear"
+    after_1 = engine.run_round(1, initial)
+    engine.run(after_1, start_round=2)  # as --resume does from round 1's checkpoint
+    lr = cfg.train.lr
+    assert {r: len(lrs) for r, lrs in seen.items()} == {1: 1, 2: 1, 3: 1}  # one lr for every client of a round
+    assert [lrs.pop() for _, lrs in sorted(seen.items())] == pytest.approx([lr, lr * 2 / 3, lr / 3])
+
+
+def test_lr_schedule_is_refused_for_split_runs(tmp_path, tiny_csv):
+    raw = tiny_config(tmp_path, tiny_csv)
+    raw["train"]["lr_schedule"] = "linear"
+    raw["split"] = {"trunk_mode": "sequential"}
+    with pytest.raises(Exception, match=r"train\.lr_schedule linear is for FedAvg-family and centralized runs"):
+        validate(raw)

@@ -89,6 +89,10 @@ class ExperimentConfig(Section):
                                  "encoder-decoder (its decoder attends to the encoder's output in every block); "
                                  "use a decoder-only family (gpt2, llama) for split seq2seq, or remove the split "
                                  "section")
+            if self.train.lr_schedule != "constant":
+                raise ValueError(f"train.lr_schedule {self.train.lr_schedule} is for FedAvg-family and centralized "
+                                 "runs (the split trunk keeps one learning rate); set train.lr_schedule: constant "
+                                 "or remove the split section")
             if self.adapter is not None and self.adapter.kind == "prefix" and self.adapter.projection:
                 raise ValueError("adapter.kind prefix with a projection does not run through a split model (one MLP "
                                  "makes every block's prefix, so it belongs to neither side); use adapter.kind "

@@ -48,6 +48,10 @@ class TrainConfig(Section):
 
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(5e-4, gt=0.0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="the learning rate over the rounds (centralized: epochs), constant within a "
+                                "round: linear falls from lr in round 1 to lr/R in round R of R; cosine from lr to "
+                                "near 0 on a half cosine")
     weight_decay: float = Field(0.0, ge=0.0)
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     batch_size: int = Field(16, ge=1)

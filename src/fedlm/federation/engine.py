@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from fedlm.federation.codecs import Codec, Encoded
-from fedlm.federation.local_training import LocalSettings, local_seed
+from fedlm.federation.local_training import LocalSettings, local_seed, round_lr
 from fedlm.federation.params import NamedTensors
 from fedlm.federation.strategies.base import ClientUpdate, Strategy, sample_clients
 
@@ -95,6 +95,7 @@ class RoundPlan:
     count_bytes: bool = True
     eval_every: int = 1
     checkpoint_every: int = 1
+    lr_schedule: str = "constant"  # train.lr_schedule: the clients' lr per round (local_training.round_lr)
 
 
 @dataclass
@@ -145,7 +146,9 @@ class RoundEngine:
     def run_round(self, round_idx: int, global_params: NamedTensors) -> NamedTensors:
         started = time.perf_counter()
         sent = self.codec.encode(self.hooks.downlink(global_params) if self.hooks.downlink else global_params)
-        settings = LocalSettings(**{**self.settings.__dict__, **self.strategy.client_config()})
+        settings = LocalSettings(**{**self.settings.__dict__, **self.strategy.client_config(),
+                                    "lr": round_lr(self.settings.lr, self.plan.lr_schedule, round_idx,
+                                                   self.plan.rounds)})
         download_bytes = download_meta = 0
         failures: list[ClientFailure] = []
         for attempt in range(self.plan.max_retries + 1):

@@ -7,6 +7,7 @@ All randomness (data order, masking, dropout) comes from one seed per (run seed,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,19 @@ class LocalSettings:
         fields = {k: getattr(train, k) for k in cls.__dataclass_fields__ if hasattr(train, k)}
         fields.update(extra or {})
         return cls(**fields)
+
+
+def round_lr(lr: float, schedule: str, round_idx: int, rounds: int) -> float:
+    """The learning rate of round ``round_idx`` (from 1) of ``rounds`` under ``train.lr_schedule``. Decaying the
+    clients' step size over the rounds is what FedAvg's convergence under client heterogeneity asks for; it
+    is a function of the round alone, so a resumed run continues the same schedule."""
+    if schedule == "constant" or rounds <= 1:
+        return lr
+    if schedule == "linear":
+        return lr * (rounds - round_idx + 1) / rounds
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * (round_idx - 1) / rounds))
+    raise ValueError(f"unknown lr schedule {schedule!r}")
 
 
 def make_optimizer(params: list[torch.nn.Parameter], settings: LocalSettings) -> torch.optim.Optimizer:

@@ -161,7 +161,8 @@ def round_plan(config: ExperimentConfig, n_clients: int) -> RoundPlan:
                      min_clients=min(protocol.min_clients, per_round), max_retries=protocol.max_retries,
                      timeout_s=protocol.client_timeout_s, seed=config.seed,
                      count_bytes=protocol.kind not in ("centralized", "isolated"),
-                     eval_every=config.eval.every, checkpoint_every=config.checkpoint_every)
+                     eval_every=config.eval.every, checkpoint_every=config.checkpoint_every,
+                     lr_schedule=config.train.lr_schedule)
 
 
 def recording(recorder: RunRecorder, trackers: Trackers) -> Callable[[dict[str, Any]], None]:
