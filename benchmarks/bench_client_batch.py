@@ -46,7 +46,7 @@ def one_round(mode: str, model: torch.nn.Module, task, rows: dict[int, list[dict
               start: dict) -> float:
     settings = LocalSettings(lr=1e-4, batch_size=1, local_steps=steps)
     spec = SplitConfig(trunk_mode=mode, client_parts="average")  # FedBERT's cut: bottom_blocks = top_blocks = 0
-    executor = SplitExecutor(model, spec, task, rows, get_codec("fp32"), ClientStore({}, "unused.pt"), settings)
+    executor = SplitExecutor(model, spec, task, rows, get_codec("fp32"), ClientStore({}), settings)
     sent = get_codec("fp32").encode(executor.downlink(start))
     jobs = [ClientJob(cid, 1, sent, settings, seed=cid) for cid in rows]
     executor.begin_round(1, start)
