@@ -15,7 +15,17 @@ from fedlm.errors import UserError
 from fedlm.run.grid import resume_run, run_config, warn_without_isolated
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import pivot_table, plot_grid, seed_band
-from fedlm.run.seeds import SeededRow, SeedStats, aggregate, merge_cells, overlap, seeded_table, setting_label, verdict
+from fedlm.run.seeds import (
+    SeededRow,
+    SeedStats,
+    aggregate,
+    merge_cells,
+    overlap,
+    seeded_table,
+    setting_key,
+    setting_label,
+    verdict,
+)
 from tests.conftest import tiny_config
 
 T_975_2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (printed tables: 4.303)
@@ -187,3 +197,15 @@ def test_the_plot_band_is_the_mean_and_its_interval_per_round(tmp_path):
     assert low == pytest.approx([0.5, 0.6 - half]) and high == pytest.approx([0.5, 0.6 + half])
     path = plot_grid([("a", [one, two]), ("b", [one])], "accuracy", tmp_path / "c.png", "t")
     assert path.stat().st_size > 1000
+
+
+def test_setting_key_reads_a_missing_key_as_its_default(tmp_path):
+    """A config.yaml written before train.lr_schedule existed is the same setting as one that spells out the
+    default, and a different setting from one that changes it."""
+    config = validate(tiny_config(tmp_path, tmp_path)).model_dump(mode="json")
+    older = json.loads(json.dumps(config))
+    del older["train"]["lr_schedule"]
+    other = json.loads(json.dumps(config))
+    other["train"]["lr_schedule"] = "cosine"
+    assert setting_key({**older, "seed": 1}) == setting_key({**config, "seed": 2})
+    assert setting_key(other) != setting_key(config)

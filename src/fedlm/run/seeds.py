@@ -7,6 +7,7 @@ grid's plot) use the 95% t-interval of the mean, mean ± t(0.975, n - 1) · sd /
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -14,6 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from fedlm.config import ExperimentConfig
 from fedlm.metrics import mean_interval
 from fedlm.run.report import format_value, markdown_table
 
@@ -78,7 +82,12 @@ def _interval_text(stats: SeedStats) -> str:
 
 
 def setting_key(config: dict[str, Any]) -> str:
-    """What a run's config.yaml says apart from its seed and name: runs with equal keys are seeds of one setting."""
+    """What a run's config.yaml says apart from its seed and name: runs with equal keys are seeds of one setting.
+    The config is read through the current schema first, so a key added since a run was written counts as its
+    default there (seeds run before and after such an addition stay one setting); as written where it no longer
+    validates."""
+    with contextlib.suppress(ValidationError):
+        config = ExperimentConfig.model_validate(config).model_dump(mode="json")
     kept = {k: v for k, v in config.items() if k not in ("seed", "seeds", "name", "output_dir")}
     return json.dumps(kept, sort_keys=True, default=str)
 
