@@ -173,6 +173,23 @@ def test_audit_cli_on_a_tiny_fedavg_run(tmp_path, tiny_csv, public_text, one_thr
     assert "activation_inversion" not in result and result["round"] == 2
 
 
+@pytest.mark.parametrize("kind", ["sample", "client"])
+def test_audit_replays_a_dp_run_as_it_trained(tmp_path, tiny_csv, public_text, one_thread, kind):
+    """DP-SGD noises every embedding row, so the recomputed upload names the whole vocabulary; DP-FedAvg's
+    server clips and noises only after it has seen each update in the clear, so leakage stays exact."""
+    raw = tiny_config(tmp_path, tiny_csv, rounds=1)
+    raw["privacy"] = {"kind": kind, "noise_multiplier": 1.0}
+    run_dir = tmp_path / f"dp-{kind}"
+    run_single(validate(raw), tiny_csv, run_dir)
+    leak = _audit(run_dir, tiny_csv, public_text)["update_leakage"]
+    assert leak["recall"] == pytest.approx(1.0)
+    for row in leak["clients"]:
+        if kind == "sample":
+            assert row["precision"] < 1.0 and row["recovered"] > row["true"]
+        else:
+            assert row["precision"] == pytest.approx(1.0) and row["recovered"] == row["true"]
+
+
 @pytest.mark.parametrize("client_parts", ["average", "local"])
 def test_audit_cli_on_a_tiny_split_run(tmp_path, tiny_csv, public_text, one_thread, client_parts):
     raw = tiny_config(tmp_path, tiny_csv, rounds=1)

@@ -152,3 +152,28 @@ def test_resume_refuses_a_config_yaml_cut_short(tmp_path, tiny_csv, one_thread):
     path.write_text(edited("protocol", "rounds", 3))  # more rounds: the run continues
     resume_run(run_dir, tiny_csv)
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
+
+
+def test_resume_reads_a_key_added_since_the_checkpoint_as_its_default(tmp_path, tiny_csv, one_thread):
+    """A checkpoint written before fedlm grew a key (here train.lr_schedule, default constant) resumes when the
+    run keeps the default, and is refused, naming the key, when the run asks for another value."""
+    import torch
+
+    from fedlm.run.checkpoint import FORMAT
+
+    raw = _raw(tmp_path, tiny_csv)
+    run_dir = tmp_path / "run"
+    run_single(validate(raw), tiny_csv, run_dir)
+    path = run_dir / "checkpoint" / "state.pt"
+    state = torch.load(path, weights_only=False)
+    assert state["format"] == FORMAT
+    del state["training_config"]["train.lr_schedule"]  # as an older fedlm wrote it
+    state["fingerprint"] = "written-by-an-older-fedlm"
+    torch.save(state, path)
+    raw["protocol"]["rounds"] = 2
+    raw["train"]["lr_schedule"] = "linear"
+    with pytest.raises(UserError, match=r"trained with another config \(train.lr_schedule None -> 'linear'\)"):
+        run_single(validate(raw), tiny_csv, run_dir, resume=True)
+    raw["train"]["lr_schedule"] = "constant"
+    run_single(validate(raw), tiny_csv, run_dir, resume=True)
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]

@@ -17,8 +17,9 @@ from fedlm.audit.update_leakage import Upload
 from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.engine import ClientJob, ClientReport
-from fedlm.federation.local_training import LocalSettings, local_seed
+from fedlm.federation.local_training import LocalSettings, local_seed, round_lr
 from fedlm.federation.params import NamedTensors, load_into
+from fedlm.federation.privacy import PrivacySpec
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import build_strategy
 from fedlm.federation.strategies.base import sample_clients
@@ -43,8 +44,10 @@ def replay_round(target: AuditTarget, client_ids: Sequence[int]) -> Replay:
     round_idx = target.round + 1
     codec = run_codec(config.protocol)
     global_params = target.global_params()
-    settings = LocalSettings(**{**LocalSettings.from_config(config.train).__dict__,
-                                **build_strategy(config.protocol).client_config()})
+    # as run_single builds them: a sample-level DP run's clients train by DP-SGD, so their uploads are noised
+    base = LocalSettings.from_config(config.train, PrivacySpec.from_config(config.privacy).client_settings())
+    settings = LocalSettings(**{**base.__dict__, **build_strategy(config.protocol).client_config(),
+                                "lr": round_lr(base.lr, config.train.lr_schedule, round_idx, config.protocol.rounds)})
     plan = round_plan(config, config.num_clients())
     sampled = sample_clients(list(range(config.num_clients())), plan.clients_per_round, config.seed, round_idx)
     model = copy.deepcopy(target.prep.model)  # the public model stays as it was built
