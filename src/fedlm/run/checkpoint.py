@@ -78,10 +78,10 @@ def load_checkpoint(recorder: RunRecorder, config: ExperimentConfig) -> dict[str
     if state.get("format") != FORMAT:
         raise UserError(f"{path} was written by an older fedlm, whose checkpoints are not crash-safe: it cannot "
                         "be resumed; start the run afresh (fedlm run ... --overwrite)")
-    if state["fingerprint"] != fingerprint(config) and _read_today(state["training_config"], config) != training_part(
-            config):
+    current = training_part(config)
+    if state["fingerprint"] != fingerprint(config) and _read_today(state["training_config"], config) != current:
         raise UserError(f"{path} (round {state['round']}) was trained with another config "
-                        f"({_differences(state['training_config'], training_part(config))}): it belongs to "
+                        f"({_differences(state['training_config'], current)}): it belongs to "
                         "another run or the run's config changed; restore that config, or start afresh "
                         "(fedlm run ... --overwrite)")
     return state
@@ -91,9 +91,10 @@ def _read_today(saved: dict[str, Any], config: ExperimentConfig) -> dict[str, An
     """A checkpoint's training config read through today's schema, so a key fedlm added since it was written
     counts as its default (the value the run trained with) rather than as a change; None if it no longer
     validates. The keys a continuation may change are taken from ``config``."""
-    flat = {k: v for k, v in _flatten(config.model_dump(mode="json")).items() if k not in training_part(config)}
+    training = training_part(config)
+    continuation = {k: v for k, v in _flatten(config.model_dump(mode="json")).items() if k not in training}
     tree: dict[str, Any] = {}
-    for key, value in {**flat, **saved}.items():
+    for key, value in {**continuation, **saved}.items():
         *parents, leaf = key.split(".")
         node = tree
         for parent in parents:
