@@ -16,21 +16,18 @@ import argparse
 import os
 import random
 import statistics
-import time
 
 import datasets
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from _split_round import time_split_round
+
 from fedlm.config import SplitConfig
-from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import snapshot
-from fedlm.federation.store import ClientStore
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.split.executor import SplitExecutor
 from fedlm.tasks import get_task
 
 CLIENTS, SEQ, WIDTH, BLOCKS, VOCAB = 8, 128, 256, 4, 8000
@@ -46,16 +43,7 @@ def one_round(mode: str, model: torch.nn.Module, task, rows: dict[int, list[dict
               start: dict) -> float:
     settings = LocalSettings(lr=1e-4, batch_size=1, local_steps=steps)
     spec = SplitConfig(trunk_mode=mode, client_parts="average")  # FedBERT's cut: bottom_blocks = top_blocks = 0
-    executor = SplitExecutor(model, spec, task, rows, get_codec("fp32"), ClientStore({}), settings)
-    sent = get_codec("fp32").encode(executor.downlink(start))
-    jobs = [ClientJob(cid, 1, sent, settings, seed=cid) for cid in rows]
-    executor.begin_round(1, start)
-    began = time.perf_counter()
-    reports = executor.run(jobs)
-    elapsed = time.perf_counter() - began
-    executor.close()
-    assert all(isinstance(r, ClientReport) for r in reports), reports
-    return elapsed
+    return time_split_round(model, task, rows, start, settings, spec)
 
 
 def main() -> None:

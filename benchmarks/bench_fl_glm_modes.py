@@ -28,7 +28,6 @@ import argparse
 import csv
 import os
 import statistics
-import time
 from pathlib import Path
 
 import datasets
@@ -36,16 +35,14 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from _split_round import time_split_round
+
 from fedlm.config import SplitConfig
 from fedlm.config.sections import AdapterConfig
-from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import snapshot
-from fedlm.federation.store import ClientStore
 from fedlm.models.adapters import apply_adapter
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.split.executor import SplitExecutor
 from fedlm.tasks import get_task
 
 RTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "RTE" / "train.tsv"
@@ -80,20 +77,7 @@ def one_round(mode: str, model: torch.nn.Module, task, rows: dict[int, list[dict
     turns (the engine's aggregation, the same for every mode, is left out)."""
     settings = LocalSettings(lr=2e-2, batch_size=1, local_epochs=1)  # FL-GLM: Adam, lr 2e-2, batch 1
     spec = SplitConfig(bottom_blocks=1, top_blocks=1, trunk_mode=mode, client_parts="average")
-    executor = SplitExecutor(model, spec, task, rows, get_codec("fp32"), ClientStore({}), settings)
-    sent = get_codec("fp32").encode(executor.downlink(start))
-    jobs = [ClientJob(cid, 1, sent, settings, seed=cid) for cid in rows]
-    executor.begin_round(1, start)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    began = time.perf_counter()
-    reports = executor.run(jobs)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - began
-    executor.close()
-    assert all(isinstance(r, ClientReport) for r in reports), reports
-    return elapsed
+    return time_split_round(model, task, rows, start, settings, spec)
 
 
 def main() -> None:

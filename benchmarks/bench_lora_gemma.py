@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import datasets
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from _child import run_json_child, status_kb
 
 from fedlm.config.sections import AdapterConfig
 from fedlm.federation.codecs import get_codec
@@ -83,27 +83,19 @@ def round_bytes(model) -> tuple[int, int, int]:
     return encoded.total_bytes, len(names), params
 
 
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def memory_child(kind: str, steps: int) -> None:
     """In a fresh process: RSS with the client's model loaded, and the peak RSS over ``steps`` local steps."""
     model, task, rows = build_client(kind)
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-    loaded = _status_kb("VmRSS")
+    loaded = status_kb("VmRSS")
     for seed in range(steps):
         step(model, task, rows, seed)
-    print(json.dumps({"loaded_mb": loaded / 1024, "peak_mb": _status_kb("VmHWM") / 1024}))
+    print(json.dumps({"loaded_mb": loaded / 1024, "peak_mb": status_kb("VmHWM") / 1024}))
 
 
 def memory(kind: str, steps: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--memory-child", kind, "--steps", str(steps)],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json_child([sys.executable, __file__, "--memory-child", kind, "--steps", str(steps)],
+                          f"memory child {kind}")
 
 
 def main() -> None:

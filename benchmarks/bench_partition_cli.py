@@ -16,14 +16,13 @@ PASS when the CPU-time ratio is at most ``--target`` (2.0: issue 18 item 7).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 import numpy as np
+from _child import run_json_child
 
 _CHILD = textwrap.dedent("""
     import json, resource, sys, time
@@ -67,11 +66,7 @@ def write_csv(path: Path, rows: int, seed: int = 0) -> None:
 
 def measure(mode: str, config: Path, out: Path) -> dict:
     """Seconds (imports included) and peak RSS of one mode, in a fresh interpreter."""
-    proc = subprocess.run([sys.executable, "-c", _CHILD, mode, str(config), str(out)],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json_child([sys.executable, "-c", _CHILD, mode, str(config), str(out)], mode)
 
 
 def main() -> int:

@@ -38,7 +38,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -50,6 +49,7 @@ from torch import Tensor, nn
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not the INFO line on each server stop
 
+from _child import run_json_child, status_kb
 from transformers import BertConfig, BertForMaskedLM
 
 from fedlm.models.cut import Activations, Cut, SplitModel
@@ -257,14 +257,6 @@ def time_wire(batch: int, seq: int, width: int, repeats: int) -> dict[str, float
 # ------------------------------------------------------------------------------------------------ (c)
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _reset_peak() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0); False where the kernel or sandbox refuses."""
     try:
@@ -295,7 +287,7 @@ def materialise(modules: Iterable[nn.Module]) -> None:
 def memory_child(kind: str, cut: Cut, batch: int, seq: int, fused: bool) -> dict:
     """One training step of one kind of client in this (fresh) process; peak RSS growth in MB."""
     reset = _reset_peak()
-    baseline_kb = _status_kb("VmRSS")
+    baseline_kb = status_kb("VmRSS")
     data = make_batches(1, batch, seq, BASE["vocab_size"], seed=1)[0]
     if kind == "fedavg":
         model = bert(BASE)
@@ -323,7 +315,7 @@ def memory_child(kind: str, cut: Cut, batch: int, seq: int, fused: bool) -> dict
         sent.hidden.backward(torch.randn_like(sent.hidden))  # stands in for the trunk's gradient
         optimizer.step()
         optimizer.zero_grad()
-    peak_kb = _status_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_kb = status_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"mb": (peak_kb - baseline_kb) / 1024, "params": params, "baseline_mb": baseline_kb / 1024,
             "peak_reset": reset}
 
@@ -331,11 +323,7 @@ def memory_child(kind: str, cut: Cut, batch: int, seq: int, fused: bool) -> dict
 def measure_memory(kind: str, cut: Cut, batch: int, seq: int, threads: int, fused: bool) -> dict:
     command = [sys.executable, __file__, "--memory-child", kind, "--cut", f"{cut.bottom_blocks},{cut.top_blocks}",
                "--batch", str(batch), "--seq", str(seq), "--threads", str(threads), *(["--fused"] if fused else [])]
-    done = subprocess.run(command, capture_output=True, text=True, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    if done.returncode != 0:
-        raise RuntimeError(f"memory child {kind} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_child(command, f"memory child {kind}", env={**os.environ, "OMP_NUM_THREADS": str(threads)})
 
 
 # ------------------------------------------------------------------------------------------------ main

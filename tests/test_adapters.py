@@ -25,7 +25,9 @@ from fedlm.run.single import run_single
 from fedlm.tasks import get_task
 from fedlm.tasks.generation import left_pad
 from tests.conftest import make_sentences, tiny_config
-from tests.test_flower import no_telemetry, run_through_flower  # noqa: F401 (a fixture)
+from tests.test_flower import no_telemetry, run_in_simulator_and_flower  # noqa: F401 (a fixture)
+from tests.tiny_models import tiny_model
+from tests.training_helpers import assert_same_weights, final_weights, one_client_split_equals_fedavg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,8 +41,7 @@ def tokenizers() -> dict:
 
 
 def _model(family: str, task: str, tokenizers: dict, layers: int = 2):
-    field = "n_layer" if family == "gpt2" else "num_hidden_layers"
-    return build_model(family, "tiny", task, tokenizers[family], num_labels=2, overrides={field: layers}, seed=0)
+    return tiny_model(family, task, tokenizers[family], layers, num_labels=2)
 
 
 def _batch(family: str, task: str, tokenizers: dict):
@@ -322,11 +323,7 @@ def test_one_client_fedavg_equals_centralized_with_lora(tmp_path, tiny_csv):
     lora = {"kind": "lora", "r": 4, "dropout": 0.1}
     fedavg, fed_records, _ = _run(tmp_path, tiny_csv, "fedavg", lora, clients=1)
     central, central_records, _ = _run(tmp_path, tiny_csv, "central", lora, clients=1, kind="centralized")
-    expected = RunRecorder(central).load_checkpoint()["global"]
-    got = RunRecorder(fedavg).load_checkpoint()["global"]
-    assert set(got) == set(expected)
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6, msg=name)
+    assert_same_weights(final_weights(fedavg), final_weights(central))
     assert fed_records[-1]["test_loss"] == pytest.approx(central_records[-1]["test_loss"], abs=1e-6)
 
 
@@ -365,13 +362,7 @@ def test_lora_rounds_through_flower_equal_the_simulator(tmp_path, tiny_csv, monk
     raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2, codec="fp16")
     raw["partition"]["num_clients"] = 3
     raw["adapter"] = {"kind": "lora", "r": 2}
-    config = validate(raw)
-    config_path = tmp_path / "experiment.yaml"
-    config_path.write_text(dump_config(config))
-    run_single(config, tiny_csv, tmp_path / "sim")
-    run_through_flower(monkeypatch, 3, **{"config": str(config_path), "data-dir": str(tiny_csv),
-                                          "run-dir": str(tmp_path / "flower")})
-    sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path)
     for a, b in zip(sim[1:], fl[1:], strict=True):
         assert a["clients"] == b["clients"] and a["bytes_down"] == b["bytes_down"]
         assert a["test_loss"] == pytest.approx(b["test_loss"], abs=1e-6)
@@ -425,19 +416,7 @@ def test_lora_split_step_equals_the_unsplit_step(tokenizers):
 
 
 def test_one_client_lora_split_run_equals_lora_fedavg_and_never_sends_the_trunk(tmp_path, tiny_csv):
-    raw = tiny_config(tmp_path, tiny_csv)
-    raw["partition"] = {"kind": "iid", "num_clients": 1}
-    raw["model"]["overrides"] = {"hidden_dropout_prob": 0.1, "num_hidden_layers": 3}
-    raw["train"]["max_grad_norm"] = None  # the split clips client and trunk separately, FedAvg jointly
-    raw["adapter"] = {"kind": "lora", "r": 2}
-    run_single(validate(raw), tiny_csv, tmp_path / "fedavg")
-    raw["split"] = {"bottom_blocks": 1, "top_blocks": 1, "client_parts": "average"}
-    run_single(validate(raw), tiny_csv, tmp_path / "split")
-    expected = RunRecorder(tmp_path / "fedavg").load_checkpoint()["global"]
-    got = RunRecorder(tmp_path / "split").load_checkpoint()["global"]
-    assert set(got) == set(expected)
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=2e-5, msg=name)
+    got = one_client_split_equals_fedavg(tmp_path, tiny_csv, {"kind": "lora", "r": 2})
     sharing = json.loads((tmp_path / "split" / "sharing.json").read_text())
     client_parts = {n: got[n] for n in sharing["global"]["names"] if ".layer.1." not in n}
     assert any(".layer.1." in n for n in got) and all(".layer.1." not in n for n in client_parts)

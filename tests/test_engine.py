@@ -22,6 +22,7 @@ from fedlm.run.prepare import prepare
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from tests.conftest import make_sentences, tiny_config
+from tests.training_helpers import assert_saved_classifiers_close, run_until_interrupted
 
 
 def _engine(prep, strategy, clients_per_round, fit_fn=fit_client, rounds=1, min_clients=1, timeout=None,
@@ -152,28 +153,13 @@ def test_run_directory_and_resume_gives_the_same_final_model(tmp_path, tiny_csv)
     assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["wall_s"] > 0 for r in records[1:])
     assert "test_accuracy" in records[-1] and "local_accuracy_mean" in records[-1]
 
-    class Interrupt(Exception):
-        pass
-
-    class StopAtRound3(InProcessExecutor):
-        def run(self, jobs):
-            if jobs[0].round_idx == 3:
-                raise Interrupt
-            return super().run(jobs)
-
     cut_dir = tmp_path / "cut"
-    with pytest.raises(Interrupt):
-        run_single(cfg, tiny_csv, cut_dir, executor_factory=StopAtRound3)
+    run_until_interrupted(cfg, tiny_csv, cut_dir, round_idx=3)
     assert [r["round"] for r in read_metrics(cut_dir)] == [0, 1, 2]
     run_single(cfg, tiny_csv, cut_dir, resume=True)
     assert [r["round"] for r in read_metrics(cut_dir)] == [0, 1, 2, 3]
 
-    from transformers import AutoModelForSequenceClassification
-
-    a = AutoModelForSequenceClassification.from_pretrained(full_dir / "model")
-    b = AutoModelForSequenceClassification.from_pretrained(cut_dir / "model")
-    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, atol=1e-6), name
+    assert_saved_classifiers_close(full_dir / "model", cut_dir / "model")
     assert json.loads((cut_dir / "data.json").read_text())["task"] == "classification"
 
 

@@ -8,87 +8,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForSeq2SeqLM,
-    AutoModelForSequenceClassification,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from fedlm.config import SharingConfig
 from fedlm.errors import UserError
 from fedlm.federation.sharing import build_policy, num_blocks, select
-from fedlm.models.cut import Activations, Cut, SplitModel
+from fedlm.models.cut import Cut, SplitModel
 from fedlm.models.introspect import block_stacks, find_layout, parameter_groups
 from fedlm.models.presets import check_overrides, config_class, get_preset, preset_config_kwargs
+from tests.split_helpers import assert_split_grads_equal_unsplit
+from tests.tiny_models import (
+    ENCODERS,
+    FAMILY_CONFIG,
+    GQA,
+    LAYERS,
+    SEQ2SEQ,
+    VOCAB,
+    hf_model,
+    random_batch,
+    random_loss,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-VOCAB, LAYERS = 61, 3
-TINY = dict(
-    hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=4, intermediate_size=48, vocab_size=VOCAB,
-    pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=64,
-)
-# What each family needs beyond TINY: GQA (fewer key/value heads than query heads) in every decoder that
-# supports it, and a sliding window shorter than the batch so that windowed masks differ from full ones.
-FAMILY_CONFIG: dict[str, dict] = {
-    "bert": {},
-    "roberta": {},
-    "distilbert": {"hidden_dim": 48},
-    "electra": {"embedding_size": 16},
-    "gpt2": {"n_inner": 48},
-    "llama": {"num_key_value_heads": 2},
-    "mistral": {"num_key_value_heads": 1, "sliding_window": 4},
-    "qwen2": {"num_key_value_heads": 2, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
-    "gemma3_text": {
-        "num_key_value_heads": 2, "head_dim": 8, "sliding_window": 4,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-    },
-    "phi3": {"num_key_value_heads": 2},
-}
-ENCODERS = ("bert", "roberta", "distilbert", "electra")
-GQA = ("llama", "mistral", "qwen2", "gemma3_text", "phi3")
-SEQ2SEQ = {"t5": {"num_decoder_layers": 2, "d_kv": 8}, "bart": {"decoder_layers": 2}}
-
-
-def _config(family: str, **extra):
-    return AutoConfig.for_model(family, **{**TINY, **FAMILY_CONFIG.get(family, {}), **SEQ2SEQ.get(family, {}), **extra})
-
-
-def _model(family: str, task: str) -> torch.nn.Module:
-    auto = {"lm": AutoModelForMaskedLM if family in ENCODERS else AutoModelForCausalLM,
-            "classification": AutoModelForSequenceClassification, "seq2seq": AutoModelForSeq2SeqLM}[task]
-    torch.manual_seed(0)
-    return auto.from_config(_config(family, num_labels=3)).eval()  # eval: no dropout, so both paths agree
-
-
-def _batch(left_padding: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(3, VOCAB, (3, 9), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0
-    mask[2, 3:] = 0
-    if left_padding:
-        mask = mask.flip(1)
-    return ids.masked_fill(mask == 0, 0), mask
-
-
-def _loss(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    targets = torch.randint(0, logits.shape[-1], logits.shape[:-1], generator=torch.Generator().manual_seed(2))
-    if logits.dim() == 2:  # sequence classification
-        return F.cross_entropy(logits.float(), targets)
-    keep = mask.bool()
-    return F.cross_entropy(logits[keep].float(), targets[keep])
-
-
-def _wire(acts: Activations) -> Activations:
-    return Activations.from_dict({name: t.detach().clone() for name, t in acts.to_dict().items()}).detached()
-
-
-def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
 
 CASES = [(f, t) for f in FAMILY_CONFIG for t in ("lm", "classification")]
 
@@ -96,33 +37,13 @@ CASES = [(f, t) for f in FAMILY_CONFIG for t in ("lm", "classification")]
 @pytest.mark.parametrize("cut", [Cut(0, 0), Cut(1, 1)], ids=["k0m0", "k1m1"])
 @pytest.mark.parametrize(("family", "task"), CASES)
 def test_split_step_equals_unsplit_step_in_every_family(family, task, cut):
-    model = _model(family, task)
-    ids, mask = _batch(left_padding=family not in ENCODERS and task == "lm")
-    whole = _loss(model(input_ids=ids, attention_mask=mask).logits, mask)
-    whole.backward()
-    expected = _grads(model)
-    model.zero_grad(set_to_none=True)
-
-    split = SplitModel(model, cut)
-    sent = split.bottom(ids, mask)
-    received = _wire(sent)
-    out = split.trunk(received)
-    top_in = _wire(out)
-    loss = _loss(split.top.logits(split.top(top_in), ids), mask)
-    loss.backward()
-    out.hidden.backward(top_in.hidden.grad)
-    sent.hidden.backward(received.hidden.grad)
-
-    assert torch.allclose(loss, whole, atol=1e-5, rtol=0)
-    got = _grads(model)
-    assert got.keys() == expected.keys()
-    for name, grad in expected.items():
-        assert torch.allclose(got[name], grad, atol=1e-5, rtol=1e-4), name
+    ids, mask = random_batch(left_padding=family not in ENCODERS and task == "lm")
+    assert_split_grads_equal_unsplit(hf_model(family, task), cut, ids, mask, random_loss)
 
 
 @pytest.mark.parametrize("family", GQA)
 def test_gqa_configs_really_share_key_value_heads(family):
-    model = _model(family, "lm")
+    model = hf_model(family, "lm")
     config = model.config
     assert config.num_key_value_heads < config.num_attention_heads
     attention = next(m for m in model.modules() if hasattr(m, "num_key_value_groups"))
@@ -130,7 +51,7 @@ def test_gqa_configs_really_share_key_value_heads(family):
 
 
 def test_sliding_window_layers_are_cut_with_their_own_masks():
-    model = _model("gemma3_text", "lm")
+    model = hf_model("gemma3_text", "lm")
     layout = SplitModel(model, Cut(1, 1)).layout
     assert layout.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
     assert layout.rotary_per_type and layout.causal and layout.final_norm == ("norm",)
@@ -144,7 +65,7 @@ def _block_param_names(model: torch.nn.Module, stack_index: int, block: int) -> 
 
 @pytest.mark.parametrize("family", [*FAMILY_CONFIG, *SEQ2SEQ])
 def test_critical_layer_picks_the_embeddings_and_lower_blocks_by_identity(family):
-    model = _model(family, "seq2seq" if family in SEQ2SEQ else "classification")
+    model = hf_model(family, "seq2seq" if family in SEQ2SEQ else "classification")
     names = [n for n, _ in model.named_parameters()]
     groups = parameter_groups(model)
     blocks = LAYERS + (2 if family in SEQ2SEQ else 0)
@@ -167,7 +88,7 @@ def test_critical_layer_picks_the_embeddings_and_lower_blocks_by_identity(family
 
 @pytest.mark.parametrize("family", list(SEQ2SEQ))
 def test_encoder_decoder_blocks_count_encoder_first_and_refuse_a_cut_in_one_line(family):
-    model = _model(family, "seq2seq")
+    model = hf_model(family, "seq2seq")
     names = [n for n, _ in model.named_parameters()]
     groups = parameter_groups(model)
     decoder_first = set(select(f"block {LAYERS + 1}", names, "test", groups))

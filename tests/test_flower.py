@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +25,8 @@ from flwr.simulation import run_simulation
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 from flwr.supercore.task_identity import TaskIdentity
-from transformers import AutoModelForSequenceClassification
 
-from fedlm.config import dump_config, validate
+from fedlm.config import ExperimentConfig, dump_config, validate
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
@@ -46,6 +46,7 @@ from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from fedlm.split.certs import throwaway_certificates
 from tests.conftest import tiny_config
+from tests.training_helpers import assert_saved_classifiers_close
 
 CLIENT_ERROR = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
@@ -99,6 +100,19 @@ def run_through_flower(monkeypatch, num_nodes: int, trunk_tokens: dict[int, str]
                    num_supernodes=num_nodes, backend_name="thread")
 
 
+def run_in_simulator_and_flower(monkeypatch, config: ExperimentConfig, data_dir: Path, tmp_path: Path,
+                                trunk_tokens: dict[int, str] | None = None,
+                                settings: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """``config`` run by the simulator into ``tmp_path / "sim"``, then through three in-process Flower nodes into
+    ``tmp_path / "flower"`` (``settings``: more ServerApp settings); both runs' records."""
+    config_path = tmp_path / "experiment.yaml"
+    config_path.write_text(dump_config(config))
+    run_single(config, data_dir, tmp_path / "sim")
+    run_through_flower(monkeypatch, 3, trunk_tokens, **{"config": str(config_path), "data-dir": str(data_dir),
+                                                        "run-dir": str(tmp_path / "flower")}, **(settings or {}))
+    return read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+
+
 @pytest.mark.parametrize(("codec", "sharing", "framing"), [
     ({"codec": "fp16"}, {}, 1.05),
     ({"codec": "int8", "codec_block_size": 64}, {}, 1.2),
@@ -109,15 +123,7 @@ def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, fr
     raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2, **codec)
     raw["partition"]["num_clients"] = 3
     raw["sharing"] = sharing
-    config = validate(raw)
-    config_path = tmp_path / "experiment.yaml"
-    config_path.write_text(dump_config(config))
-
-    run_single(config, tiny_csv, tmp_path / "sim")
-    run_through_flower(monkeypatch, 3, **{"config": str(config_path), "data-dir": str(tiny_csv),
-                                          "run-dir": str(tmp_path / "flower")})
-
-    sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path)
     assert [r["round"] for r in fl] == [0, 1, 2]
     assert sim[0]["test_accuracy"] == fl[0]["test_accuracy"]  # the same starting point
     for a, b in zip(sim[1:], fl[1:], strict=True):
@@ -130,10 +136,7 @@ def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, fr
         assert a["bytes_up"] < b["bytes_up"] < a["bytes_up"] * framing
         assert a["bytes_up_meta"] <= b["bytes_up_meta"] and (a["bytes_up_meta"] > 0) == (codec["codec"] == "int8")
 
-    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
-    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
-    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, atol=1e-6), name
+    assert_saved_classifiers_close(tmp_path / "sim" / "model", tmp_path / "flower" / "model")
 
 
 @pytest.mark.parametrize(("trunk_mode", "client_parts"), [("sequential", "share"), ("parallel", "average")])
@@ -144,23 +147,16 @@ def test_split_rounds_through_flower_equal_the_simulator(trunk_mode, client_part
     raw = tiny_config(tmp_path, tiny_csv)
     raw["partition"]["num_clients"] = 3
     raw["split"] = {"trunk_mode": trunk_mode, "client_parts": client_parts, "transport": "grpc"}
-    config = validate(raw)
-    config_path = tmp_path / "experiment.yaml"
-    config_path.write_text(dump_config(config))
     certs = throwaway_certificates("localhost")
     for name in ("server_cert", "server_key", "ca"):
         (tmp_path / f"{name}.pem").write_bytes(certs[name])
     tokens = {i: f"token-{i}-{'x' * 16}" for i in range(3)}
     (tmp_path / "tokens.yaml").write_text(yaml.safe_dump({str(i): t for i, t in tokens.items()}))
 
-    run_single(config, tiny_csv, tmp_path / "sim")
-    run_through_flower(monkeypatch, 3, trunk_tokens=tokens, **{
-        "config": str(config_path), "data-dir": str(tiny_csv), "run-dir": str(tmp_path / "flower"),
-        "trunk-listen": "localhost:0", "trunk-cert": str(tmp_path / "server_cert.pem"),
-        "trunk-key": str(tmp_path / "server_key.pem"), "trunk-ca": str(tmp_path / "ca.pem"),
-        "trunk-tokens": str(tmp_path / "tokens.yaml")})
-
-    sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    trunk = {"trunk-listen": "localhost:0", "trunk-cert": str(tmp_path / "server_cert.pem"),
+             "trunk-key": str(tmp_path / "server_key.pem"), "trunk-ca": str(tmp_path / "ca.pem"),
+             "trunk-tokens": str(tmp_path / "tokens.yaml")}
+    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path, tokens, trunk)
     assert [r["round"] for r in fl] == [0, 1, 2]
     for a, b in zip(sim[1:], fl[1:], strict=True):
         assert a["clients"] == b["clients"] and not b["failed"]
@@ -168,10 +164,7 @@ def test_split_rounds_through_flower_equal_the_simulator(trunk_mode, client_part
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
         assert (a["bytes_up_boundary"], a["bytes_down_boundary"]) == (b["bytes_up_boundary"],
                                                                       b["bytes_down_boundary"])
-    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
-    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
-    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, atol=1e-6), name
+    assert_saved_classifiers_close(tmp_path / "sim" / "model", tmp_path / "flower" / "model")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])

@@ -17,7 +17,7 @@ from fedlm.errors import UserError
 from fedlm.federation.params import nbytes
 from fedlm.federation.sharing import build_policy, select
 from fedlm.models.adapters import apply_adapter
-from fedlm.models.build import build_model, build_tokenizer
+from fedlm.models.build import build_tokenizer
 from fedlm.models.cut import Cut, SplitModel
 from fedlm.models.introspect import parameter_groups
 from fedlm.models.presets import get_preset
@@ -26,8 +26,9 @@ from fedlm.run.single import run_single
 from fedlm.split.parts import Average, client_copy, split_parts
 from fedlm.tasks import get_task
 from tests.conftest import make_sentences, tiny_config
-from tests.split_helpers import assert_split_step_equals_unsplit
-from tests.test_families import ENCODERS, FAMILY_CONFIG, _batch, _loss, _model, _wire
+from tests.split_helpers import assert_split_grads_equal_unsplit, assert_split_step_equals_unsplit
+from tests.tiny_models import ENCODERS, FAMILY_CONFIG, hf_model, random_batch, random_loss, tiny_model
+from tests.training_helpers import one_client_split_equals_fedavg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,7 +41,7 @@ def _prefix(block_names: list[str]) -> list[str]:
 
 
 def _adapted_family(family: str, task: str, length: int = 3):
-    model = _model(family, task)
+    model = hf_model(family, task)
     adapter = apply_adapter(AdapterConfig(kind="p_tuning_v2", prefix_length=length), model, task, seed=0)
     with torch.no_grad():  # away from peft's initialisation, so that nothing passes by accident
         for name, p in model.named_parameters():
@@ -56,36 +57,15 @@ def test_p_tuning_v2_split_step_equals_the_unsplit_step_in_every_family(family, 
     """Sliding windows (mistral, qwen2, gemma3) and GQA included: the prefix enters each block's attention
     the same way whether the base model's forward or a split part runs the block."""
     model = _adapted_family(family, task).model.eval()
-    ids, mask = _batch(left_padding=family not in ENCODERS and task == "lm")
-    whole = _loss(model(input_ids=ids, attention_mask=mask).logits, mask)
-    whole.backward()
-    expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-
-    split = SplitModel(model, cut)
-    sent = split.bottom(ids, mask)
-    received = _wire(sent)
-    out = split.trunk(received)
-    top_in = _wire(out)
-    loss = _loss(split.top.logits(split.top(top_in), ids), mask)
-    loss.backward()
-    out.hidden.backward(top_in.hidden.grad)
-    if cut.bottom_blocks:  # else the bottom is the frozen embeddings: nothing to send a gradient to
-        sent.hidden.backward(received.hidden.grad)
-
-    torch.testing.assert_close(loss, whole, rtol=0, atol=1e-5)
-    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert got.keys() == expected.keys()
-    for name, grad in expected.items():
-        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    ids, mask = random_batch(left_padding=family not in ENCODERS and task == "lm")
+    split, got = assert_split_grads_equal_unsplit(model, cut, ids, mask, random_loss)
     trunk = _prefix(split.trunk_parameter_names())
     client = _prefix(split.client_parameter_names())
     assert trunk and client and all(got[n].abs().sum() > 0 for n in trunk + client)  # both sides learn
 
 
 def _adapted(family: str, task: str, tokenizer, layers: int = 4):
-    field = "n_layer" if family == "gpt2" else "num_hidden_layers"
-    model = build_model(family, "tiny", task, tokenizer, num_labels=2, overrides={field: layers}, seed=0)
+    model = tiny_model(family, task, tokenizer, layers, num_labels=2)
     return apply_adapter(AdapterConfig(kind="p_tuning_v2", prefix_length=4), model, task, seed=0)
 
 
@@ -147,20 +127,8 @@ def test_critical_layer_and_block_selectors_pick_each_block_prefix_with_its_bloc
 
 def test_one_client_p_tuning_v2_split_run_equals_fedavg_and_the_trunk_prefixes_never_travel(tmp_path, tiny_csv):
     """FL-GLM: the trunk's prefixes train on the server, the client's (blocks 1 and 3 + head) on the client."""
-    raw = tiny_config(tmp_path, tiny_csv)
-    raw["partition"] = {"kind": "iid", "num_clients": 1}
-    raw["model"]["overrides"] = {"hidden_dropout_prob": 0.1, "num_hidden_layers": 3}
-    raw["train"]["max_grad_norm"] = None  # the split clips client and trunk separately, FedAvg jointly
-    raw["adapter"] = {"kind": "p_tuning_v2", "prefix_length": 4}
-    run_single(validate(raw), tiny_csv, tmp_path / "fedavg")
-    raw["split"] = {"bottom_blocks": 1, "top_blocks": 1, "client_parts": "average"}
-    run_single(validate(raw), tiny_csv, tmp_path / "split")
-    expected = RunRecorder(tmp_path / "fedavg").load_checkpoint()["global"]
-    got = RunRecorder(tmp_path / "split").load_checkpoint()["global"]
-    assert set(got) == set(expected)
+    got = one_client_split_equals_fedavg(tmp_path, tiny_csv, {"kind": "p_tuning_v2", "prefix_length": 4})
     assert set(_prefix(list(got))) == {f"bert.encoder.layer.{b}.attention.self.prefix_kv.weight" for b in range(3)}
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=2e-5, msg=name)
     client_parts = {n: t for n, t in got.items() if ".layer.1." not in n}
     rec = read_metrics(tmp_path / "split")[-1]
     assert rec["bytes_down"] - rec["bytes_down_boundary"] == nbytes(client_parts)  # prefixes of blocks 1, 3 + head

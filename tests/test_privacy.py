@@ -26,12 +26,12 @@ from fedlm.federation.privacy import (
     noise_seed,
     private_mean,
 )
-from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt, FedProx
 from fedlm.flower.messages import job_content, job_from_content
 from fedlm.run.prepare import prepare
 from fedlm.run.single import run_single
 from tests.conftest import tiny_config
+from tests.training_helpers import run_until_interrupted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -198,17 +198,7 @@ def test_a_resumed_private_run_draws_the_same_noise_and_keeps_its_ledger(tmp_pat
     cfg = validate(raw)
     run_single(cfg, tiny_csv, tmp_path / "straight")
 
-    class Interrupt(Exception):
-        pass
-
-    class StopAtRound3(InProcessExecutor):
-        def run(self, jobs):
-            if jobs[0].round_idx == 3:
-                raise Interrupt
-            return super().run(jobs)
-
-    with pytest.raises(Interrupt):
-        run_single(cfg, tiny_csv, tmp_path / "cut", executor_factory=StopAtRound3)
+    run_until_interrupted(cfg, tiny_csv, tmp_path / "cut", round_idx=3)
     run_single(cfg, tiny_csv, tmp_path / "cut", resume=True)
     a = torch.load(tmp_path / "straight" / "checkpoint" / "state.pt", weights_only=False)
     b = torch.load(tmp_path / "cut" / "checkpoint" / "state.pt", weights_only=False)

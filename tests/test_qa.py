@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import datasets
 import numpy as np
@@ -16,19 +13,18 @@ from fedlm import metrics
 from fedlm.config import validate
 from fedlm.data.sources import load_source
 from fedlm.errors import UserError
-from fedlm.models.build import FAMILIES, build_model, build_tokenizer
+from fedlm.models.build import FAMILIES, build_tokenizer
 from fedlm.models.cut import Cut
-from fedlm.run.recorder import RunRecorder, read_metrics
-from fedlm.run.single import run_single
+from fedlm.run.recorder import read_metrics
 from fedlm.tasks import get_task
 from fedlm.tasks.qa import best_spans
 from tests.conftest import SHARED_DATA
 from tests.split_helpers import assert_split_step_equals_unsplit
+from tests.tiny_models import tiny_model
+from tests.training_helpers import central_steps, cli_run, one_client_fedavg_equals_centralized
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-LAYER_FIELD = {"bert": "num_hidden_layers", "roberta": "num_hidden_layers", "distilbert": "n_layers",
-               "gpt2": "n_layer", "llama": "num_hidden_layers"}
 FILLER = "the river runs past the old mill and the farmers sell grain at the market every week . "
 EXAMPLES = [
     ("Who founded the mill?", FILLER * 3 + "The mill was founded by Anna Berg in 1850 .", "Anna Berg"),
@@ -53,7 +49,7 @@ def tokenizers() -> dict:
 
 
 def _model(family, tokenizers, layers=2):
-    return build_model(family, "tiny", "qa", tokenizers[family], overrides={LAYER_FIELD[family]: layers}, seed=0)
+    return tiny_model(family, "qa", tokenizers[family], layers)
 
 
 # ------------------------------------------------------------------------------------------------- scores
@@ -194,15 +190,7 @@ def test_a_few_central_steps_lower_the_loss(tokenizers):
     task = get_task("qa", doc_stride=8)
     rows = task.preprocess(_dataset(), tokenizers["bert"], 40).to_list()
     model = _model("bert", tokenizers).train()
-    batch = task.collate(rows, torch.Generator())
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(15):
-        loss, count = task.loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses, count = central_steps(task, model, task.collate(rows, torch.Generator()))
     assert count == len(rows) and losses[-1] < 0.5 * losses[0]
     scores = task.evaluate(model, rows, 4, torch.Generator())
     assert set(scores) == set(task.metric_names) and scores["f1"] > 0.5
@@ -230,24 +218,16 @@ def _config(tmp_path, name, kind, clients=1, rounds=1, family="bert", local_eval
 
 
 def test_one_client_fedavg_equals_centralized_on_squad(tmp_path):
-    runs = {}
-    for kind in ("fedavg", "centralized"):
-        run_single(_config(tmp_path, kind, kind, local_eval=False), SHARED_DATA, tmp_path / kind)
-        runs[kind] = (RunRecorder(tmp_path / kind).load_checkpoint()["global"], read_metrics(tmp_path / kind))
-    (fed, fed_records), (central, central_records) = runs["fedavg"], runs["centralized"]
-    for name in central:
-        torch.testing.assert_close(fed[name], central[name], rtol=0, atol=1e-6, msg=name)
+    records = one_client_fedavg_equals_centralized(lambda kind: _config(tmp_path, kind, kind, local_eval=False),
+                                                   SHARED_DATA, tmp_path)
+    fed_records, central_records = records["fedavg"], records["centralized"]
     assert fed_records[-1]["test_loss"] == pytest.approx(central_records[-1]["test_loss"], abs=1e-6)
     assert fed_records[0]["round"] == 0 and "test_exact_match" in fed_records[0]  # the starting point
 
 
 def test_cli_runs_qa_end_to_end(tmp_path):
     raw = _config(tmp_path, "squad", "fedavg", clients=2, rounds=1, family="llama").model_dump(mode="json")
-    cfg = tmp_path / "squad.yaml"
-    cfg.write_text(json.dumps(raw))
-    proc = subprocess.run([sys.executable, "-m", "fedlm.cli", "--data-dir", str(SHARED_DATA), "run", str(cfg)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr
+    cli_run(raw, tmp_path / "squad.yaml", SHARED_DATA)
     run_dir = tmp_path / "runs" / "squad"
     records = read_metrics(run_dir)
     assert [r["round"] for r in records] == [0, 1] and np.isfinite(records[-1]["test_f1"])

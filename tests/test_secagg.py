@@ -15,9 +15,8 @@ from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
 from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
-from transformers import AutoModelForSequenceClassification
 
-from fedlm.config import dump_config, validate
+from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
@@ -28,10 +27,15 @@ from fedlm.flower.messages import codec_from_content, job_content, job_from_cont
 from fedlm.flower.secagg import SecAggSettings, error_bound, masked_reply, quantization_range
 from fedlm.flower.secagg_mod import secure_aggregation_mod
 from fedlm.flower.server import SecureFlowerExecutor, secure_settings
-from fedlm.run.recorder import read_metrics
-from fedlm.run.single import run_single
 from tests.conftest import tiny_config
-from tests.test_flower import ScriptedGrid, no_telemetry, over_the_wire, run_through_flower, task_identity
+from tests.test_flower import (
+    ScriptedGrid,
+    no_telemetry,
+    over_the_wire,
+    run_in_simulator_and_flower,
+    task_identity,
+)
+from tests.training_helpers import assert_saved_classifiers_close
 
 __all__ = ["no_telemetry", "task_identity"]  # fixtures used here
 
@@ -168,9 +172,6 @@ def test_secure_fedavg_rounds_through_flower_match_the_simulator(tmp_path, tiny_
     quantization (2 clients of equal size: 1.5e-8 per value), which two rounds of training keep small."""
     raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2, codec="fp16")
     raw["partition"]["num_clients"] = 3
-    config = validate(raw)
-    config_path = tmp_path / "experiment.yaml"
-    config_path.write_text(dump_config(config))
     seen: list[Message] = []
     original = secagg._RecordingGrid.send_and_receive
 
@@ -180,20 +181,14 @@ def test_secure_fedavg_rounds_through_flower_match_the_simulator(tmp_path, tiny_
         return replies
 
     monkeypatch.setattr(secagg._RecordingGrid, "send_and_receive", watch)
-    run_single(config, tiny_csv, tmp_path / "sim")
-    run_through_flower(monkeypatch, 3, **{"config": str(config_path), "data-dir": str(tiny_csv),
-                                          "run-dir": str(tmp_path / "flower"), "secure-aggregation": True})
-
-    sim, fl = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path,
+                                          settings={"secure-aggregation": True})
     assert [r["round"] for r in fl] == [0, 1, 2]
     for a, b in zip(sim[1:], fl[1:], strict=True):
         assert a["clients"] == b["clients"] and len(b["clients"]) == 2 and not b["failed"]
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
-    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sim" / "model")
-    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "flower" / "model")
-    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, atol=1e-5), name
+    assert_saved_classifiers_close(tmp_path / "sim" / "model", tmp_path / "flower" / "model", atol=1e-5)
     # every train reply the ServerApp got carried no parameters in the clear, only SecAgg+'s records
     assert len(seen) == 2 * 4 * 2  # 2 rounds x 4 stages x 2 nodes
     assert all(not record for reply in seen for record in reply.content.array_records.values())

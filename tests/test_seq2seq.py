@@ -3,7 +3,6 @@ split equivalences, data errors, and a run on real DialogSum dialogues."""
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 from pathlib import Path
@@ -19,13 +18,16 @@ from fedlm.config import validate
 from fedlm.data.sources import load_source
 from fedlm.errors import UserError
 from fedlm.models.build import build_model, build_tokenizer
-from fedlm.models.cut import Activations, Cut, SplitModel
+from fedlm.models.cut import Cut
 from fedlm.run.prepare import build_task, resolve_task
-from fedlm.run.recorder import RunRecorder, read_metrics
+from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from fedlm.tasks import Seq2SeqTask, get_task
 from fedlm.tasks.base import IGNORE_INDEX, base_hidden, iter_rows
 from tests.conftest import SHARED_DATA
+from tests.split_helpers import assert_split_step_equals_unsplit
+from tests.tiny_models import LAYER_FIELD
+from tests.training_helpers import final_weights, one_client_fedavg_equals_centralized
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -200,43 +202,13 @@ def test_generation_stops_at_the_length_limit(tokenizers):
 # ------------------------------------------------------------------------------------------------- split
 
 
-def _wire(acts: Activations) -> Activations:
-    return Activations.from_dict({name: t.detach().clone() for name, t in acts.to_dict().items()}).detached()
-
-
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("cut", [Cut(0, 0), Cut(1, 1)], ids=["k0m0", "k1m1"])
 def test_decoder_only_split_step_equals_the_unsplit_step(tokenizers, family, cut):
-    layers = {"gpt2": "n_layer", "llama": "num_hidden_layers"}[family]
     task, rows = _task(family, tokenizers)
     batch = task.collate(rows[:6], torch.Generator())
-    reference = _model(family, tokenizers, **{layers: 3}).train()
-    model = copy.deepcopy(reference)
-    torch.manual_seed(11)
-    ref_loss, _ = task.loss(reference, batch)
-    ref_loss.backward()
-    torch.optim.SGD(reference.parameters(), lr=1.0).step()
-
-    split = SplitModel(model, cut)
-    client_opt = torch.optim.SGD(split.client_parameters(), lr=1.0)
-    server_opt = torch.optim.SGD(split.trunk_parameters(), lr=1.0)
-    torch.manual_seed(11)
-    inputs = {key: value for key, value in batch.items() if key != "labels"}
-    sent = split.bottom(**inputs)  # what a split client sends: no labels, no ids
-    received = _wire(sent)
-    out = split.trunk(received)
-    top_in = _wire(out)
-    loss, _ = task.loss_from_hidden(model, split.top(top_in), batch)  # labels stay with the client's top
-    loss.backward()
-    out.hidden.backward(top_in.hidden.grad.clone())
-    sent.hidden.backward(received.hidden.grad.clone())
-    client_opt.step()
-    server_opt.step()
-
-    torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=0, atol=1e-5)
-    expected, got = reference.state_dict(), model.state_dict()
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-5, msg=name)
+    reference = _model(family, tokenizers, **{LAYER_FIELD[family]: 3}).train()
+    sent = assert_split_step_equals_unsplit(task, batch, reference, cut)  # labels stay with the client's top
     assert set(sent.to_dict()) == {"hidden", "attention_mask", "position_ids"}
 
 
@@ -322,15 +294,9 @@ def test_empty_target_is_one_line_and_exit_2(tmp_path, capsys):
 @pytest.mark.parametrize("family", ["gpt2", "t5"])
 def test_fedavg_with_one_client_equals_centralized(tmp_path, family):
     source = _write_jsonl(tmp_path / "d.jsonl", PAIRS)
-    records = {}
-    for kind in ("fedavg", "centralized"):
-        run_single(validate(_config(tmp_path, source, family, kind=kind) | {"name": kind}), tmp_path, tmp_path / kind)
-        records[kind] = read_metrics(tmp_path / kind)
-    expected = RunRecorder(tmp_path / "centralized").load_checkpoint()["global"]
-    got = RunRecorder(tmp_path / "fedavg").load_checkpoint()["global"]
-    assert set(got) == set(expected)
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=1e-6, msg=name)
+    records = one_client_fedavg_equals_centralized(
+        lambda kind: validate(_config(tmp_path, source, family, kind=kind) | {"name": kind}), tmp_path, tmp_path)
+    got = final_weights(tmp_path / "fedavg")
     for key in ("test_loss", "test_rougeL"):
         assert records["fedavg"][-1][key] == pytest.approx(records["centralized"][-1][key], abs=1e-6)
     assert records["fedavg"][0]["round"] == 0 and "test_rougeL" in records["fedavg"][0]  # the starting point

@@ -12,11 +12,13 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
 from fedlm.errors import UserError
-from fedlm.models.build import FAMILIES, build_model, build_tokenizer
+from fedlm.models.build import FAMILIES, build_tokenizer
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.models.heads import mlm_head
 from fedlm.tasks import get_task
 from fedlm.tasks.base import IGNORE_INDEX, Batch
+from tests.split_helpers import wire
+from tests.tiny_models import tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -24,13 +26,6 @@ ENCODERS = ("bert", "roberta", "distilbert")
 DECODERS = ("gpt2", "llama")
 CUTS = (Cut(0, 0), Cut(1, 1))  # FedBERT, FL-GLM
 LAYERS = 3  # the smallest depth that leaves FL-GLM's cut a server block
-LAYER_FIELD = {
-    "bert": "num_hidden_layers",
-    "roberta": "num_hidden_layers",
-    "distilbert": "n_layers",
-    "gpt2": "n_layer",
-    "llama": "num_hidden_layers",
-}
 AUTO = {"mlm": AutoModelForMaskedLM, "clm": AutoModelForCausalLM, "classification": AutoModelForSequenceClassification}
 WORDS = ["the", "a", "farmer", "client", "server", "model", "trained", "shared", "weights", "boats", "river"]
 WORDS += ["near", "every", "our", "gradient"]
@@ -53,9 +48,7 @@ def tokenizers() -> dict:
 
 
 def _model(family: str, task: str, tokenizers: dict, layers: int = LAYERS, seed: int = 0):
-    return build_model(
-        family, "tiny", task, tokenizers[family], num_labels=3, overrides={LAYER_FIELD[family]: layers}, seed=seed
-    )
+    return tiny_model(family, task, tokenizers[family], layers, seed, num_labels=3)
 
 
 def _batch(family: str, task_name: str, tokenizers: dict, padding: str = "right") -> tuple:
@@ -101,19 +94,14 @@ def _split_loss(split: SplitModel, task_name: str, hidden: torch.Tensor, batch: 
     return F.cross_entropy(logits.float(), labels)
 
 
-def _wire(acts: Activations) -> Activations:
-    """A network hop: serialise, copy, and receive as a leaf that needs a gradient."""
-    return Activations.from_dict({name: t.detach().clone() for name, t in acts.to_dict().items()}).detached()
-
-
 def _split_step(split: SplitModel, task_name: str, batch: Batch, lr: float) -> tuple[torch.Tensor, Activations]:
     client_opt = torch.optim.SGD(split.client_parameters(), lr=lr)
     server_opt = torch.optim.SGD(split.trunk_parameters(), lr=lr)
     # forward: client bottom -> server trunk -> client top
     sent = split.bottom(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-    received = _wire(sent)
+    received = wire(sent)
     out = split.trunk(received)
-    top_in = _wire(out)
+    top_in = wire(out)
     loss = _split_loss(split, task_name, split.top(top_in), batch)
     # backward: client top -> server trunk -> client bottom; only gradient tensors cross back
     loss.backward()

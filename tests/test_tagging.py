@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import datasets
 import numpy as np
@@ -20,23 +17,22 @@ from fedlm.data.inputs import partition_input
 from fedlm.data.sources import load_source
 from fedlm.data.sources.conll import sentence_entity_labels
 from fedlm.errors import UserError
-from fedlm.models.build import FAMILIES, build_model, build_tokenizer
+from fedlm.models.build import FAMILIES, build_tokenizer
 from fedlm.models.cut import Cut
 from fedlm.run.prepare import resolve_task
-from fedlm.run.recorder import RunRecorder, read_metrics
-from fedlm.run.single import run_single
+from fedlm.run.recorder import read_metrics
 from fedlm.tasks import get_task
 from fedlm.tasks.base import IGNORE_INDEX
 from fedlm.tasks.tagging import align_labels, word_spans
 from tests.conftest import SHARED_DATA
 from tests.split_helpers import assert_split_step_equals_unsplit
+from tests.tiny_models import tiny_model
+from tests.training_helpers import central_steps, cli_run, one_client_fedavg_equals_centralized
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TAGS = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
 OUT, B_LOC, I_LOC, B_PER, I_PER = range(5)
-LAYER_FIELD = {"bert": "num_hidden_layers", "roberta": "num_hidden_layers", "distilbert": "n_layers",
-               "gpt2": "n_layer", "llama": "num_hidden_layers"}
 SENTENCES = [
     (["John", "Smith", "visited", "Paris", "."], [B_PER, I_PER, OUT, B_LOC, OUT]),
     (["Mary", "lives", "in", "New", "York", "."], [B_PER, OUT, OUT, B_LOC, I_LOC, OUT]),
@@ -68,8 +64,7 @@ def tokenizers() -> dict:
 
 
 def _model(family, tokenizers, layers=2, seed=0):
-    return build_model(family, "tiny", "tagging", tokenizers[family], num_labels=len(TAGS),
-                       overrides={LAYER_FIELD[family]: layers}, seed=seed)
+    return tiny_model(family, "tagging", tokenizers[family], layers, seed, num_labels=len(TAGS))
 
 
 # ----------------------------------------------------------------------------------------------- alignment
@@ -238,15 +233,7 @@ def test_a_few_central_steps_lower_the_loss(tokenizers, family):
     task = get_task("tagging", label_names=TAGS)
     rows = task.preprocess(_dataset(), tokenizers[family], 32).to_list()
     model = _model(family, tokenizers).train()
-    batch = task.collate(rows, torch.Generator())
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(15):
-        loss, count = task.loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses, count = central_steps(task, model, task.collate(rows, torch.Generator()))
     assert count == sum(len(tags) for _, tags in SENTENCES)
     assert losses[-1] < 0.5 * losses[0]
     scores = task.evaluate(model, rows, 8, torch.Generator())
@@ -274,13 +261,8 @@ def _config(tmp_path, name, kind, clients=1, rounds=1, family="bert"):
 
 
 def test_one_client_fedavg_equals_centralized_on_conll(tmp_path):
-    runs = {}
-    for kind in ("fedavg", "centralized"):
-        run_single(_config(tmp_path, kind, kind), SHARED_DATA, tmp_path / kind)
-        runs[kind] = (RunRecorder(tmp_path / kind).load_checkpoint()["global"], read_metrics(tmp_path / kind))
-    (fed, fed_records), (central, central_records) = runs["fedavg"], runs["centralized"]
-    for name in central:
-        torch.testing.assert_close(fed[name], central[name], rtol=0, atol=1e-6, msg=name)
+    records = one_client_fedavg_equals_centralized(lambda kind: _config(tmp_path, kind, kind), SHARED_DATA, tmp_path)
+    fed_records, central_records = records["fedavg"], records["centralized"]
     assert fed_records[-1]["test_f1"] == pytest.approx(central_records[-1]["test_f1"], abs=1e-9)
     assert fed_records[0]["round"] == 0 and "test_f1" in fed_records[0]  # the starting point
 
@@ -288,11 +270,7 @@ def test_one_client_fedavg_equals_centralized_on_conll(tmp_path):
 def test_cli_runs_tagging_end_to_end_with_label_skew(tmp_path):
     raw = _config(tmp_path, "ner", "fedavg", clients=2, rounds=1, family="gpt2").model_dump(mode="json")
     raw["partition"] = {"kind": "label_dirichlet", "num_clients": 2, "alpha": 0.5}
-    cfg = tmp_path / "ner.yaml"
-    cfg.write_text(json.dumps(raw))
-    proc = subprocess.run([sys.executable, "-m", "fedlm.cli", "--data-dir", str(SHARED_DATA), "run", str(cfg)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr
+    cli_run(raw, tmp_path / "ner.yaml", SHARED_DATA)
     run_dir = tmp_path / "runs" / "ner"
     records = read_metrics(run_dir)
     assert [r["round"] for r in records] == [0, 1] and np.isfinite(records[-1]["test_f1"])

@@ -13,12 +13,12 @@ import yaml
 from fedlm.cli import main
 from fedlm.config import validate
 from fedlm.errors import UserError
-from fedlm.federation.simulation import InProcessExecutor
 from fedlm.run.grid import run_config
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from fedlm.run.tracking import WANDB_ID, open_trackers, scalars
 from tests.conftest import tiny_config
+from tests.training_helpers import run_until_interrupted
 
 
 def test_scalars_are_the_records_numbers_with_nested_keys_joined():
@@ -83,18 +83,8 @@ def test_a_resumed_run_shows_each_round_once(tmp_path, tiny_csv, one_thread):
                                                                            "checkpoint_every": 2}
     config = validate(raw)
 
-    class Interrupt(Exception):
-        pass
-
-    class StopInRound4(InProcessExecutor):
-        def run(self, jobs):
-            if jobs[0].round_idx == 4:
-                raise Interrupt
-            return super().run(jobs)
-
     run_dir = tmp_path / "run"
-    with pytest.raises(Interrupt):
-        run_single(config, tiny_csv, run_dir, executor_factory=StopInRound4)
+    run_until_interrupted(config, tiny_csv, run_dir, round_idx=4)
     assert [step for step, _ in read_tensorboard(run_dir)["test_accuracy"]] == [0, 1, 2, 3]  # 3: not checkpointed
     run_single(config, tiny_csv, run_dir, resume=True)
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
