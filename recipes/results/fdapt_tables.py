@@ -1,43 +1,216 @@
-"""Prints recipes/results/fdapt.md's tables from a finished `fedlm run recipes/fdapt.yaml` (runs/fdapt)."""
+"""Prints recipes/results/fdapt.md's tables (and draws fdapt.png) from finished runs of recipes/fdapt-head.yaml,
+recipes/fdapt.yaml and recipes/fdapt-ner.yaml under one output directory.
 
+    .venv/bin/python recipes/results/fdapt_tables.py runs --plot recipes/results/fdapt.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
 from pathlib import Path
 
-from fedlm.run.downstream import downstream_scores
-from fedlm.run.recorder import read_metrics, slug
-from fedlm.run.report import summarize
+import yaml
 
-ROOT = Path("runs/fdapt")
-SETTINGS = ["original model", "centralized"]
-SETTINGS += [f"clients={c},skew={s}" for c in (2, 8) for s in ("iid", "quantity", "length", "vocabulary")]
-SETTINGS += [f"FFDAPT clients={c},skew={s}" for c in (2, 8) for s in ("iid", "quantity")]
+from fedlm.metrics import mean_interval
+from fedlm.run.recorder import read_metrics
+from fedlm.run.report import summarize
+from fedlm.run.seeds import SeedStats, overlap
+
+DAPT_SETTINGS = ["original model", "centralized DAPT", "FDAPT 2 clients iid", "FFDAPT 2 clients iid",
+                 "FDAPT 2 clients quantity", "FDAPT 2 clients length", "FDAPT 2 clients vocabulary",
+                 "FDAPT 8 clients iid", "FFDAPT 2 clients quantity", "general-text control"]
+CONTROL = "general-text control"  # the original model + centralized MLM on ~as many wikitext-2 tokens (root/control)
+
+
+def tags_of(run_dir: Path) -> tuple[dict, int]:
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return config.get("tags", {}), int(config.get("seed", 0))
+
+
+def dapt_runs(root: Path) -> dict[str, list[dict]]:
+    """Setting label -> metrics records of its finished pre-training run (recipes/fdapt.yaml)."""
+    runs = {}
+    for run_dir in sorted([*(root / "fdapt").glob("*/"), *(root / "control" / "fdapt").glob("*/")]):
+        if (run_dir / "model").is_dir():
+            runs[tags_of(run_dir)[0]["setting"]] = read_metrics(run_dir)
+    return runs
+
+
+def ner_scores(root: Path) -> dict[str, list[tuple[int, float]]]:
+    """Model label -> (seed, final test entity F1) of each finished fine-tuning run (recipes/fdapt-ner.yaml),
+    from root/fdapt-ner and root/<batch>/fdapt-ner (the seeds ran as separate batches, see fdapt.md)."""
+    scores: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for run_dir in sorted([*root.glob("fdapt-ner/*/"), *root.glob("*/fdapt-ner/*/")]):
+        if not (run_dir / "model").is_dir():
+            continue
+        tags, seed = tags_of(run_dir)
+        scores[tags["pretrained"]].append((seed, summarize(read_metrics(run_dir), "f1", "max")["final f1"]))
+    return {k: sorted(v) for k, v in scores.items()}
+
+
+def stats_text(stats: SeedStats) -> str:
+    if stats.n < 2:
+        return f"{stats.mean:.3f} (1 seed)"
+    low, high = stats.interval or (math.nan, math.nan)
+    return f"{stats.mean:.3f} ± {stats.sd:.3f} ({stats.n} seeds) [{low:.3f}, {high:.3f}]"
+
+
+def head_table(root: Path, dapt: dict[str, list[dict]]) -> None:
+    """The original model's two stages (recipes/fdapt-head.yaml) and where DAPT starts."""
+    head = summarize(read_metrics(root / "fdapt-head"), "perplexity", "min")
+    encoder = summarize(read_metrics(root / "fdapt-head" / "downstream" / "encoder"), "perplexity", "min")
+    bio = dapt["original model"][0]["test_perplexity"] if "original model" in dapt else math.nan
+    print("| model | MLM perplexity, wikitext-2 test (400 paragraphs) | held-out biomedical abstracts (24) |")
+    print("|---|---|---|")
+    print(f"| MiniLM as shipped, random MLM head | {head['start perplexity']:.0f} | - |")
+    print(f"| stage 1: head trained, encoder as shipped | {head['final perplexity']:.1f} | - |")
+    print(f"| stage 2: + blocks and head, 1 epoch (the original model) | {encoder['final perplexity']:.1f} "
+          f"| {bio:.1f} |")
+    print()
+
+
+def general_text_table(root: Path, dapt: dict[str, list[dict]]) -> None:
+    """Wikitext-2 perplexity of pre-trained models (rounds: 0 runs of recipes/fdapt-head.yaml on them, under
+    root/wiki-check): did DAPT adapt to the domain, or just train the MLM more on any text?"""
+    runs = sorted((root / "wiki-check").glob("*/*/metrics.jsonl"))
+    if not runs:
+        return
+    original = summarize(read_metrics(root / "fdapt-head" / "downstream" / "encoder"), "perplexity", "min")
+    print("| model | wikitext-2 test perplexity | biomedical held-out perplexity |")
+    print("|---|---|---|")
+    bio = dapt["original model"][0]["test_perplexity"] if "original model" in dapt else math.nan
+    print(f"| original model | {original['final perplexity']:.1f} | {bio:.1f} |")
+    for path in runs:
+        label = tags_of(path.parent)[0]["pretrained"]
+        bio = summarize(dapt[label], "perplexity", "min")["final perplexity"] if label in dapt else math.nan
+        print(f"| {label} | {read_metrics(path.parent)[0]['test_perplexity']:.1f} | {bio:.1f} |")
+    print()
+
+
+def main_table(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float]]]) -> None:
+    print("| setting | perplexity round 0 -> 10 (best) | change | MB up / down | NCBI-disease NER F1, "
+          "mean ± sd (seeds) [95% interval] | per seed |")
+    print("|---|---|---|---|---|---|")
+    for label in DAPT_SETTINGS:
+        records = dapt.get(label)
+        if records is None:
+            continue
+        summary = summarize(records, "perplexity", "min")
+        start = summary["start perplexity"]
+        if summary["rounds"]:
+            final, best = summary["final perplexity"], summary["best perplexity"]
+            ppl = f"{start:.1f} -> {final:.1f} ({best:.1f})"
+            ppl = f"wikitext-2 test: {ppl}" if label == CONTROL else ppl
+            change = f"{100 * (final - start) / start:+.0f}%"
+        else:
+            ppl, change = f"{start:.1f} (no training)", "-"
+        seeds = ner.get(label, [])
+        f1 = stats_text(SeedStats(tuple(s for _, s in seeds))) if seeds else "not run"
+        per_seed = ", ".join(f"{s:.3f}" for _, s in seeds) or "-"
+        mb = f"{summary['MB up']:.0f} / {summary['MB down']:.0f}"
+        print(f"| {label} | {ppl} | {change} | {mb} | {f1} | {per_seed} |")
+    print()
+
+
+def paired_table(ner: dict[str, list[tuple[int, float]]]) -> None:
+    """NER F1 differences on the same seed (same subsample, data order and head initialisation), in F1 points:
+    mean [95% t-interval] over the seeds both settings have; 'better' / 'worse' only where it excludes 0."""
+    bases = [b for b in ("original model", "centralized DAPT", "FDAPT 2 clients iid") if b in ner]
+    print("| F1 points, row minus column | " + " | ".join(f"vs {b}" for b in bases) + " |")
+    print("|---|" + "---|" * len(bases))
+    for label in DAPT_SETTINGS[1:]:
+        if label not in ner:
+            continue
+        cells = []
+        for base in bases:
+            mine, theirs = dict(ner[label]), dict(ner[base])
+            diffs = [100 * (mine[s] - theirs[s]) for s in sorted(mine) if s in theirs]
+            if base == label or not diffs:
+                cells.append("-")
+                continue
+            mean, _, half = mean_interval(diffs)
+            if math.isnan(half):
+                cells.append(f"{mean:+.1f} (1 seed)")
+                continue
+            word = "better" if mean - half > 0 else "worse" if mean + half < 0 else "within noise"
+            cells.append(f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}] {word} ({len(diffs)} seeds)")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print()
+
+
+def verdicts(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float]]]) -> None:
+    """The numbers each of recipes/fdapt.yaml's targets T1-T5 is judged on."""
+    final = {k: summarize(v, "perplexity", "min")["final perplexity"] for k, v in dapt.items()}
+    start = dapt["original model"][0]["test_perplexity"] if "original model" in dapt else math.nan
+    f1 = {k: SeedStats(tuple(s for _, s in v)) for k, v in ner.items()}
+    for label in DAPT_SETTINGS[1:-1]:
+        if label in final:
+            print(f"T1/T3 ppl {label}: {final[label]:.2f} vs original {start:.2f} "
+                  f"({100 * (final[label] - start) / start:+.1f}%)")
+    pairs = [("FDAPT 2 clients iid", "centralized DAPT"), ("FFDAPT 2 clients iid", "FDAPT 2 clients iid"),
+             ("FFDAPT 2 clients quantity", "FDAPT 2 clients quantity"), ("FDAPT 8 clients iid", "FDAPT 2 clients iid")]
+    pairs += [(f"FDAPT 2 clients {skew}", "FDAPT 2 clients iid") for skew in ("quantity", "length", "vocabulary")]
+    for a, b in pairs:
+        if a in final and b in final:
+            print(f"ppl {a} vs {b}: {final[a]:.2f} vs {final[b]:.2f} ({100 * (final[a] - final[b]) / final[b]:+.1f}%)")
+        if a in f1 and b in f1:
+            same = overlap(f1[a], f1[b])
+            print(f"F1 {a} vs {b}: {f1[a].mean:.3f} vs {f1[b].mean:.3f} "
+                  f"(diff {100 * (f1[a].mean - f1[b].mean):+.1f} points; intervals overlap: {same})")
+    if "original model" in f1:
+        for label in DAPT_SETTINGS[1:]:
+            if label in f1:
+                same = overlap(f1[label], f1["original model"])
+                print(f"F1 {label} vs original: {100 * (f1[label].mean - f1['original model'].mean):+.1f} points "
+                      f"(intervals overlap: {same})")
+
+
+def plot(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label in DAPT_SETTINGS[:-1]:  # the control's perplexity is on wikitext-2: not on this axis
+        records = [r for r in dapt.get(label, []) if r.get("test_perplexity") is not None]
+        if len(records) > 1:
+            style = "--" if label.startswith("FFDAPT") else "-"
+            left.plot([r["round"] for r in records], [r["test_perplexity"] for r in records], style, label=label)
+    left.set_xlabel("round (centralized: epoch)")
+    left.set_ylabel("MLM perplexity, held-out biomedical abstracts")
+    left.set_title("Domain-adaptive pre-training")
+    left.legend(fontsize=7)
+    labels = [k for k in DAPT_SETTINGS if k in ner]
+    for i, label in enumerate(labels):
+        values = [s for _, s in ner[label]]
+        stats = SeedStats(tuple(values))
+        low, high = stats.interval or (stats.mean, stats.mean)
+        right.errorbar([i], [stats.mean], yerr=[[stats.mean - low], [high - stats.mean]], fmt="o", capsize=4)
+        right.scatter([i] * len(values), values, s=10, color="grey", zorder=3)
+    right.set_xticks(range(len(labels)))
+    right.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
+    right.set_ylabel("NCBI-disease entity F1\n(mean, 95% interval; grey: seeds)")
+    right.set_title("Downstream NER after fine-tuning")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
 
 
 def main() -> None:
-    rows = {}
-    print("| setting | MLM perplexity, held-out abstracts (start -> final) | PubMedQA accuracy "
-          "| client train s/round | MB up / down |")
-    print("|---|---|---|---|---|")
-    for label in SETTINGS:
-        run_dir = ROOT / slug(label)
-        summary = summarize(read_metrics(run_dir), "perplexity", "min")
-        accuracy = downstream_scores(run_dir)["pubmedqa accuracy"]
-        rows[label] = (summary, accuracy)
-        start, final, seconds = summary["start perplexity"], summary["final perplexity"], summary["train s/round"]
-        trained = f"{start:.0f} -> {final:.0f}" if summary["rounds"] else f"{start:.0f} (no training)"
-        timing = f"{seconds:.1f}" if seconds == seconds else "-"
-        sent = f"{summary['MB up']:.0f} / {summary['MB down']:.0f}"
-        print(f"| {label} | {trained} | {accuracy:.3f} | {timing} | {sent} |")
-    print()
-    print("| FFDAPT vs FDAPT | client train s/round FDAPT | FFDAPT | I = (T - T_F) / T_F "
-          "| PubMedQA FDAPT / FFDAPT |")
-    print("|---|---|---|---|---|")
-    for clients in (2, 8):
-        for skew in ("iid", "quantity"):
-            plain, acc = rows[f"clients={clients},skew={skew}"]
-            frozen, acc_f = rows[f"FFDAPT clients={clients},skew={skew}"]
-            t, t_f = plain["train s/round"], frozen["train s/round"]
-            saving = 100 * (t - t_f) / t_f
-            print(f"| {clients} clients, {skew} | {t:.1f} | {t_f:.1f} | {saving:.1f}% | {acc:.3f} / {acc_f:.3f} |")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="the output directory holding fdapt-head/, fdapt/, fdapt-ner/")
+    parser.add_argument("--plot", type=Path, help="write the figure here")
+    args = parser.parse_args()
+    dapt, ner = dapt_runs(args.root), ner_scores(args.root)
+    head_table(args.root, dapt)
+    general_text_table(args.root, dapt)
+    main_table(dapt, ner)
+    paired_table(ner)
+    verdicts(dapt, ner)
+    if args.plot:
+        plot(dapt, ner, args.plot)
 
 
 if __name__ == "__main__":
