@@ -10,25 +10,31 @@ experiment); the claim (issue 15: a Flower round at most 1.2x the simulator's) i
 when the workers answer from their prepared state. ``--no-worker`` trains in the ClientApp process itself, as
 before the worker (every message re-imports fedlm and re-prepares), to show what the worker saves.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_flower_round.py                      # quickstart, 3 rounds
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_flower_round.py recipes/quickstart.yaml \\
+    .venv/bin/python benchmarks/bench_flower_round.py                      # quickstart, 3 rounds, ~15 min
+    .venv/bin/python benchmarks/bench_flower_round.py recipes/quickstart.yaml \\
         --rounds 3 --secure            # with Flower's SecAgg+
     .venv/bin/python benchmarks/bench_flower_round.py --tiny --rounds 3                      # smoke run, ~3 minutes
+    .venv/bin/python benchmarks/bench_flower_round.py --set 'sharing={}' --set split.transport=grpc
+                                      # the quickstart as FedBERT split learning: turns through Flower / gRPC
 
 The quickstart starts 10 SuperNodes and 10 workers holding MiniLM (~1 GB each): use a machine with the memory.
-Every process shares the CPU here, so on one machine the clients cannot train in parallel; across machines
-they do, and Flower's round can be faster than the simulator's sequential one.
+Leave ``OMP_NUM_THREADS`` unset: the simulator then trains on every core, and the deployment divides the
+cores among its nodes' workers (node config ``threads``). Every process shares the CPU here, so on one machine
+Flower's message handling queues behind the training; across machines each node pays it on its own cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 from fedlm.config import dump_config, load_config, validate
 from fedlm.data.sources import resolve_data_dir
@@ -36,6 +42,7 @@ from fedlm.flower.localdeploy import LocalDeployment, flower_binaries_available
 from fedlm.run.prepare import num_clients_of
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
+from fedlm.split.certs import throwaway_certificates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,6 +62,20 @@ def tiny_experiment(folder: Path) -> tuple[dict, Path]:
     return raw, data
 
 
+def trunk_credentials(folder: Path, nodes: list[dict[str, object]]) -> dict[str, str]:
+    """A split run's trunk TLS files and one token per node (throwaway, as the tests make them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, pem in throwaway_certificates("localhost").items():
+        (folder / f"{name}.pem").write_bytes(pem)
+    tokens = {str(node["partition-id"]): secrets.token_urlsafe(24) for node in nodes}
+    (folder / "tokens.yaml").write_text(yaml.safe_dump(tokens))
+    for node in nodes:
+        node["trunk-token"] = tokens[str(node["partition-id"])]
+    return {"trunk-listen": "localhost:0", "trunk-cert": str(folder / "server_cert.pem"),
+            "trunk-key": str(folder / "server_key.pem"), "trunk-ca": str(folder / "ca.pem"),
+            "trunk-tokens": str(folder / "tokens.yaml")}
+
+
 def round_times(run_dir: Path) -> list[float]:
     return [r["wall_s"] for r in read_metrics(run_dir) if r.get("round", 0) >= 1 and "wall_s" in r]
 
@@ -64,6 +85,8 @@ def main() -> None:
     parser.add_argument("config", nargs="?", default=str(ROOT / "recipes" / "quickstart.yaml"))
     parser.add_argument("--data-dir", default=None, help="default: $FEDLM_DATA_DIR, else ../shared/data")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, as fedlm run's --set (e.g. split.transport=grpc)")
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the config")
     parser.add_argument("--secure", action="store_true", help="Flower side with SecAgg+")
     parser.add_argument("--no-worker", action="store_true", help="train in each ClientApp process (old way)")
@@ -73,11 +96,12 @@ def main() -> None:
         raise SystemExit("Flower's programs (flower-superlink, flower-supernode, flwr) are not installed")
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-flower-"))
+    out.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
     if args.tiny:
         raw, data_dir = tiny_experiment(out)
         config = validate({**raw, "protocol": {**raw["protocol"], "rounds": args.rounds}})
     else:
-        config = load_config(args.config, [f"protocol.rounds={args.rounds}"])
+        config = load_config(args.config, [*args.set, f"protocol.rounds={args.rounds}"])
         data_dir = resolve_data_dir(args.data_dir)
     config_path = out / "experiment.yaml"
     config_path.write_text(dump_config(config))
@@ -88,16 +112,19 @@ def main() -> None:
 
     nodes = [{"partition-id": i, "data-dir": str(data_dir), "worker": not args.no_worker}
              for i in range(num_clients_of(config))]
+    run_config = {"config": str(config_path), "data-dir": str(data_dir), "run-dir": str(out / "flower" / "run"),
+                  "node-wait-s": 120.0, "secure-aggregation": args.secure}
+    if config.split is not None:
+        run_config.update(trunk_credentials(out / "trunk", nodes))
     started = time.perf_counter()
     with LocalDeployment(out / "flower", nodes) as deployment:
-        status = deployment.run({"config": str(config_path), "data-dir": str(data_dir),
-                                 "run-dir": str(out / "flower" / "run"), "node-wait-s": 120.0,
-                                 "secure-aggregation": args.secure}, timeout_s=24 * 3600)
+        status = deployment.run(run_config, timeout_s=24 * 3600)
     flower_s = time.perf_counter() - started
-    if status != 0:
-        raise SystemExit(f"flwr run failed ({status}); see {out / 'flower' / 'run.log'}")
 
     sim, flower = round_times(out / "sim"), round_times(out / "flower" / "run")
+    if status != 0 or len(flower) != len(sim):  # flwr run --stream exits 0 when the ServerApp raised
+        raise SystemExit(f"the Flower run did not finish its {len(sim)} rounds (flwr run: {status}); see "
+                         f"{out / 'flower' / 'run.log'}")
     print(f"{'round':>5} {'simulator s':>12} {'flower s':>10} {'ratio':>7}")
     for index, (a, b) in enumerate(zip(sim, flower, strict=True), start=1):
         print(f"{index:>5} {a:12.2f} {b:10.2f} {b / a:7.2f}")

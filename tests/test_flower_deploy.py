@@ -21,7 +21,7 @@ from fedlm.config import dump_config, validate
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import ClientJob, RoundEngine
 from fedlm.federation.local_training import LocalSettings
-from fedlm.flower import nodeapp
+from fedlm.flower import localdeploy, nodeapp
 from fedlm.flower.client import build_client_app
 from fedlm.flower.localdeploy import LocalDeployment, flower_binaries_available
 from fedlm.flower.messages import from_array_record, job_content
@@ -55,8 +55,8 @@ def test_node_worker_prepares_once_answers_like_the_in_process_app_and_survives_
     experiment = dump_config(config)
     torch.manual_seed(config.seed)
     params = {n: p.detach().clone() for n, p in prepare(config, tiny_csv).model.named_parameters()}
-    context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "data-dir": str(tiny_csv)},
-                      state=RecordDict(), run_config={})
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "data-dir": str(tiny_csv),
+                                                        "threads": 1}, state=RecordDict(), run_config={})
     link = nodeapp.WorkerLink(*nodeapp.worker_paths(1, str(tiny_csv)))
     try:
         first = nodeapp.client_app(_train_message(experiment, params, 1), context)
@@ -71,6 +71,7 @@ def test_node_worker_prepares_once_answers_like_the_in_process_app_and_survives_
         nodeapp.client_app(_train_message(experiment, params, 2), context)
         status = nodeapp.worker_status(link)
         assert status["prepares"] == 1  # the second message reused the prepared experiment
+        assert status["threads"] == 1  # the node config's threads reached the worker
 
         os.kill(status["pid"], signal.SIGKILL)  # the worker dies between jobs: the next job starts another
         again = nodeapp.client_app(_train_message(experiment, params, 3), context)
@@ -80,6 +81,22 @@ def test_node_worker_prepares_once_answers_like_the_in_process_app_and_survives_
     finally:
         if link.socket_path.exists():
             os.kill(nodeapp.worker_status(link)["pid"], signal.SIGKILL)
+
+
+def test_node_threads_must_be_a_positive_integer(task_identity):
+    msg = _train_message("experiment", {"w": torch.zeros(2)}, 1)
+    for bad in ("two", 0, -1):
+        reply = nodeapp.client_app(msg, Context(run_id=1, node_id=7, node_config={"partition-id": 0,
+                                                                                  "threads": bad},
+                                                state=RecordDict(), run_config={}))
+        assert reply.has_error() and f"threads={bad!r}" in reply.error.reason
+
+
+def test_a_local_deployment_divides_the_cores_among_its_nodes(monkeypatch):
+    monkeypatch.setattr(localdeploy, "cores", lambda: 16)
+    assert [c["threads"] for c in localdeploy.share_cores([{"partition-id": i} for i in range(4)])] == [4] * 4
+    assert [c["threads"] for c in localdeploy.share_cores([{}] * 20)] == [1] * 20  # never below one
+    assert localdeploy.share_cores([{"threads": 3}, {}]) == [{"threads": 3}, {"threads": 8}]  # a set value wins
 
 
 def test_node_app_answers_queries_without_the_training_stack(task_identity):

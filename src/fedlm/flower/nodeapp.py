@@ -76,8 +76,9 @@ def data_dir_of(context: Context) -> str:
 class WorkerLink:
     """This node's connection to its worker, starting the worker when none answers."""
 
-    def __init__(self, socket_path: Path, key_path: Path, idle_s: float = DEFAULT_IDLE_S) -> None:
-        self.socket_path, self.key_path, self.idle_s = socket_path, key_path, idle_s
+    def __init__(self, socket_path: Path, key_path: Path, idle_s: float = DEFAULT_IDLE_S,
+                 threads: int | None = None) -> None:
+        self.socket_path, self.key_path, self.idle_s, self.threads = socket_path, key_path, idle_s, threads
 
     def connect(self) -> Connection:
         connection = self._try()
@@ -107,6 +108,8 @@ class WorkerLink:
             out.write(secrets.token_bytes(32))
         command = [sys.executable, "-m", "fedlm.flower.worker", "--socket", str(self.socket_path),
                    "--key", str(self.key_path), "--idle-s", str(self.idle_s), "--parent-pid", str(os.getppid())]
+        if self.threads is not None:
+            command += ["--threads", str(self.threads)]
         with open(self.socket_path.with_suffix(".log"), "ab") as log:  # the child keeps its own copy
             return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True)
@@ -141,7 +144,8 @@ def ask_worker(link: WorkerLink, content: RecordDict, context: Context) -> Recor
 
 
 def worker_status(link: WorkerLink) -> dict[str, int]:
-    """The running worker's pid and how many times it prepared an experiment (its cache's hits show here)."""
+    """The running worker's pid, how many times it prepared an experiment (its cache's hits show here) and
+    its torch threads."""
     with link.connect() as connection:
         connection.send({"status": True})
         return connection.recv()
@@ -165,7 +169,12 @@ def train(msg: Message, context: Context) -> Message:
         return query(msg, context)  # the same one-line refusal
     socket_path, key_path = worker_paths(int(partition), data_dir_of(context))
     idle_s = float(context.node_config.get("worker-idle-s", DEFAULT_IDLE_S))
-    return Message(ask_worker(WorkerLink(socket_path, key_path, idle_s), msg.content, context), reply_to=msg)
+    threads = context.node_config.get("threads")
+    if threads is not None and (not str(threads).isdigit() or int(threads) < 1):
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"node config threads={threads!r} is not a "
+                             "positive integer: start the SuperNode with --node-config 'threads=<n>'"), reply_to=msg)
+    link = WorkerLink(socket_path, key_path, idle_s, None if threads is None else int(threads))
+    return Message(ask_worker(link, msg.content, context), reply_to=msg)
 
 
 def build_node_app() -> ClientApp:

@@ -6,7 +6,7 @@ handshake), and answers each job with ``ClientRuntime.answer``, the code the in-
 prepared data and model stay cached while the experiment and data directory stay the same. It exits after
 ``--idle-s`` seconds without a job.
 
-    python -m fedlm.flower.worker --socket PATH --key PATH [--idle-s 900]
+    python -m fedlm.flower.worker --socket PATH --key PATH [--idle-s 900] [--threads N]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
+import torch
 from flwr.app import Context, RecordDict
 
 from fedlm.federation.client_round import failure_reason
@@ -38,8 +39,9 @@ class Worker:
 
     def handle(self, connection: Connection) -> None:
         request = connection.recv()
-        if request.get("status"):  # who is serving, and how often it prepared an experiment
-            connection.send({"pid": os.getpid(), "prepares": self.runtime.prepares})
+        if request.get("status"):  # who is serving, how often it prepared an experiment, on how many threads
+            connection.send({"pid": os.getpid(), "prepares": self.runtime.prepares,
+                             "threads": torch.get_num_threads()})
             return
         started = time.monotonic()
         with self.busy:
@@ -102,7 +104,13 @@ def main() -> None:
     parser.add_argument("--key", required=True, type=Path)
     parser.add_argument("--idle-s", type=float, default=900.0)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit once this process is gone")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's CPU threads (default: torch's own, every core)")
     args = parser.parse_args()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     Worker().serve(args.socket, args.key.read_bytes(), args.idle_s, args.parent_pid)
 
