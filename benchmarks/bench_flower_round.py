@@ -27,22 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 from fedlm.config import dump_config, load_config, validate
 from fedlm.data.sources import resolve_data_dir
-from fedlm.flower.localdeploy import LocalDeployment, flower_binaries_available
+from fedlm.flower.localdeploy import LocalDeployment, flower_binaries_available, trunk_credentials
 from fedlm.run.prepare import num_clients_of
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
-from fedlm.split.certs import throwaway_certificates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,20 +56,6 @@ def tiny_experiment(folder: Path) -> tuple[dict, Path]:
     raw = tiny_config(folder, data, clients_per_round=2)
     raw["partition"]["num_clients"] = 2
     return raw, data
-
-
-def trunk_credentials(folder: Path, nodes: list[dict[str, object]]) -> dict[str, str]:
-    """A split run's trunk TLS files and one token per node (throwaway, as the tests make them)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, pem in throwaway_certificates("localhost").items():
-        (folder / f"{name}.pem").write_bytes(pem)
-    tokens = {str(node["partition-id"]): secrets.token_urlsafe(24) for node in nodes}
-    (folder / "tokens.yaml").write_text(yaml.safe_dump(tokens))
-    for node in nodes:
-        node["trunk-token"] = tokens[str(node["partition-id"])]
-    return {"trunk-listen": "localhost:0", "trunk-cert": str(folder / "server_cert.pem"),
-            "trunk-key": str(folder / "server_key.pem"), "trunk-ca": str(folder / "ca.pem"),
-            "trunk-tokens": str(folder / "tokens.yaml")}
 
 
 def round_times(run_dir: Path) -> list[float]:
@@ -115,7 +97,10 @@ def main() -> None:
     run_config = {"config": str(config_path), "data-dir": str(data_dir), "run-dir": str(out / "flower" / "run"),
                   "node-wait-s": 120.0, "secure-aggregation": args.secure}
     if config.split is not None:
-        run_config.update(trunk_credentials(out / "trunk", nodes))
+        trunk, tokens = trunk_credentials(out / "trunk", [int(node["partition-id"]) for node in nodes])
+        run_config.update(trunk)
+        for node in nodes:
+            node["trunk-token"] = tokens[int(node["partition-id"])]
     started = time.perf_counter()
     with LocalDeployment(out / "flower", nodes) as deployment:
         status = deployment.run(run_config, timeout_s=24 * 3600)

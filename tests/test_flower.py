@@ -32,6 +32,7 @@ from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.flower.client import build_client_app, client_app
+from fedlm.flower.localdeploy import trunk_credentials
 from fedlm.flower.messages import (
     codec_from_content,
     from_array_record,
@@ -44,7 +45,6 @@ from fedlm.flower.nodes import discover_clients
 from fedlm.flower.server import FlowerExecutor, build_server_app
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
-from fedlm.split.certs import throwaway_certificates
 from tests.conftest import tiny_config
 from tests.training_helpers import assert_saved_classifiers_close
 
@@ -147,15 +147,7 @@ def test_split_rounds_through_flower_equal_the_simulator(trunk_mode, client_part
     raw = tiny_config(tmp_path, tiny_csv)
     raw["partition"]["num_clients"] = 3
     raw["split"] = {"trunk_mode": trunk_mode, "client_parts": client_parts, "transport": "grpc"}
-    certs = throwaway_certificates("localhost")
-    for name in ("server_cert", "server_key", "ca"):
-        (tmp_path / f"{name}.pem").write_bytes(certs[name])
-    tokens = {i: f"token-{i}-{'x' * 16}" for i in range(3)}
-    (tmp_path / "tokens.yaml").write_text(yaml.safe_dump({str(i): t for i, t in tokens.items()}))
-
-    trunk = {"trunk-listen": "localhost:0", "trunk-cert": str(tmp_path / "server_cert.pem"),
-             "trunk-key": str(tmp_path / "server_key.pem"), "trunk-ca": str(tmp_path / "ca.pem"),
-             "trunk-tokens": str(tmp_path / "tokens.yaml")}
+    trunk, tokens = trunk_credentials(tmp_path / "trunk", [0, 1, 2])
     sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path, tokens, trunk)
     assert [r["round"] for r in fl] == [0, 1, 2]
     for a, b in zip(sim[1:], fl[1:], strict=True):

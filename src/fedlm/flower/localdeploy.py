@@ -9,6 +9,7 @@ processes with it; its worker follows within seconds (it watches the SuperNode s
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -17,6 +18,10 @@ import sys
 import time
 from pathlib import Path
 from typing import IO
+
+import yaml
+
+from fedlm.split.certs import throwaway_certificates
 
 BINARIES = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr")
 APP_DIR = Path(__file__).resolve().parents[3] / "deploy" / "flower"  # in a source checkout
@@ -63,6 +68,20 @@ def share_cores(node_configs: list[dict[str, object]]) -> list[dict[str, object]
     """
     each = max(1, cores() // max(1, len(node_configs)))
     return [{"threads": each, **config} for config in node_configs]
+
+
+def trunk_credentials(folder: Path, partitions: list[int]) -> tuple[dict[str, str], dict[int, str]]:
+    """Throwaway TLS files and one random token per client for a split run on this machine: the ServerApp's
+    ``trunk-*`` run config keys, and each partition's token (its node's ``trunk-token``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, pem in throwaway_certificates("localhost").items():
+        (folder / f"{name}.pem").write_bytes(pem)
+    tokens = {partition: secrets.token_urlsafe(24) for partition in partitions}
+    (folder / "tokens.yaml").write_text(yaml.safe_dump({str(p): token for p, token in tokens.items()}))
+    run_config = {"trunk-listen": "localhost:0", "trunk-cert": str(folder / "server_cert.pem"),
+                  "trunk-key": str(folder / "server_key.pem"), "trunk-ca": str(folder / "ca.pem"),
+                  "trunk-tokens": str(folder / "tokens.yaml")}
+    return run_config, tokens
 
 
 class LocalDeployment:
