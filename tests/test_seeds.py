@@ -45,6 +45,13 @@ def test_one_seed_has_no_interval_and_a_missing_seed_is_counted():
     assert str(SeedStats((2.0, 4.0), missing=1)) == "3.0000 ± 1.4142 (2/3)"
 
 
+def test_fixed_digits_text_for_result_tables():
+    # 0.8 +- 4.3027 * 0.1 / sqrt(3) = [0.552, 1.048]
+    assert SeedStats((0.7, 0.8, 0.9)).fixed(interval=True) == "0.800 ± 0.100 (3 seeds) [0.552, 1.048]"
+    assert SeedStats((184.25, 183.8, 185.2)).fixed(1) == "184.4 ± 0.7 (3 seeds)"
+    assert SeedStats((0.5,)).fixed(interval=True) == "0.500 (1 seed)" and SeedStats(()).fixed() == "-"
+
+
 # half-width of three seeds with sd 0.02: 4.3027 * 0.02 / sqrt(3) = 0.04968
 @pytest.mark.parametrize(("a", "b", "overlaps"), [
     ((0.70, 0.72, 0.74), (0.78, 0.80, 0.82), True),    # [0.670, 0.770] and [0.750, 0.850]

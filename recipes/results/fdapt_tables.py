@@ -50,13 +50,6 @@ def ner_scores(root: Path) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted(v) for k, v in scores.items()}
 
 
-def stats_text(stats: SeedStats) -> str:
-    if stats.n < 2:
-        return f"{stats.mean:.3f} (1 seed)"
-    low, high = stats.interval or (math.nan, math.nan)
-    return f"{stats.mean:.3f} ± {stats.sd:.3f} ({stats.n} seeds) [{low:.3f}, {high:.3f}]"
-
-
 def head_table(root: Path, dapt: dict[str, list[dict]]) -> None:
     """The original model's two stages (recipes/fdapt-head.yaml) and where DAPT starts."""
     head = summarize(read_metrics(root / "fdapt-head"), "perplexity", "min")
@@ -107,7 +100,7 @@ def main_table(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float
         else:
             ppl, change = f"{start:.1f} (no training)", "-"
         seeds = ner.get(label, [])
-        f1 = stats_text(SeedStats(tuple(s for _, s in seeds))) if seeds else "not run"
+        f1 = SeedStats(tuple(s for _, s in seeds)).fixed(interval=True) if seeds else "not run"
         per_seed = ", ".join(f"{s:.3f}" for _, s in seeds) or "-"
         mb = f"{summary['MB up']:.0f} / {summary['MB down']:.0f}"
         print(f"| {label} | {ppl} | {change} | {mb} | {f1} | {per_seed} |")

@@ -58,10 +58,7 @@ def stats(values: list[float]) -> SeedStats:
 
 
 def pm(values: list[float], digits: int) -> str:
-    """mean ± sd (n) of one number over seeds."""
-    s = stats(values)
-    text = f"{s.mean:.{digits}f}" if s.n < 2 else f"{s.mean:.{digits}f} ± {s.sd:.{digits}f}"
-    return f"{text} (n={s.n})"
+    return stats(values).fixed(digits)
 
 
 def traffic(runs: list[Path]) -> str:

@@ -21,6 +21,7 @@ import yaml
 from fedlm.metrics import mean_interval
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import summarize
+from fedlm.run.seeds import SeedStats
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -60,14 +61,8 @@ def _first(values: list[float]) -> str:
 
 
 def stats(values: Sequence[float]) -> str:
-    """'mean ± sd [low, high] (n)' with the 95% t-interval of the mean."""
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return "-"
-    mean, sd, half = mean_interval(values)
-    if len(values) < 2:
-        return f"{mean:.3f} (n=1)"
-    return f"{mean:.3f} ± {sd:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
+    """'mean ± sd (n seeds) [low, high]' with the 95% t-interval of the mean, over the values that exist."""
+    return SeedStats(tuple(v for v in values if v is not None and math.isfinite(v))).fixed(interval=True)
 
 
 def paired(runs: dict, dataset: str, method: str, reference: str | None, seeds: list[int]) -> str:

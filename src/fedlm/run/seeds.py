@@ -55,6 +55,19 @@ class SeedStats:
         text = format_value(self.mean) if self.n < 2 else f"{format_value(self.mean)} ± {format_value(self.sd)}"
         return f"{text} ({self.n}/{self.n + self.missing})" if self.missing else text
 
+    def fixed(self, digits: int = 3, interval: bool = False) -> str:
+        """'mean ± sd (n seeds)' with a fixed number of decimals, for hand-laid result tables; with ``interval``
+        the 95% t-interval follows. One seed reads '(1 seed)', no seeds '-'."""
+        if not self.n:
+            return "-"
+        if self.n < 2:
+            return f"{self.mean:.{digits}f} (1 seed)"
+        text = f"{self.mean:.{digits}f} ± {self.sd:.{digits}f} ({self.n} seeds)"
+        if interval and self.interval is not None:
+            low, high = self.interval
+            text += f" [{low:.{digits}f}, {high:.{digits}f}]"
+        return text
+
 
 def overlap(a: SeedStats, b: SeedStats) -> bool | None:
     """Whether the two 95% intervals share a point; None when either has a single seed."""
