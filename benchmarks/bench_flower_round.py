@@ -8,7 +8,9 @@ aggregation, evaluation) in their ``metrics.jsonl``; this script compares them r
 Round 1 through Flower includes each node's one-time start (its worker imports fedlm and prepares the
 experiment); the claim (issue 15: a Flower round at most 1.2x the simulator's) is about the rounds after it,
 when the workers answer from their prepared state. ``--no-worker`` trains in the ClientApp process itself, as
-before the worker (every message re-imports fedlm and re-prepares), to show what the worker saves.
+before the worker (every message re-imports fedlm and re-prepares), to show what the worker saves. The
+parameters travel on fedlm's relay beside the messages (``fedlm.flower.relay``); ``--no-relay`` puts them in
+Flower's messages, as before the relay.
 
     .venv/bin/python benchmarks/bench_flower_round.py                      # quickstart, 3 rounds, ~15 min
     .venv/bin/python benchmarks/bench_flower_round.py recipes/quickstart.yaml \\
@@ -72,6 +74,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny BERT instead of the config")
     parser.add_argument("--secure", action="store_true", help="Flower side with SecAgg+")
     parser.add_argument("--no-worker", action="store_true", help="train in each ClientApp process (old way)")
+    parser.add_argument("--no-relay", action="store_true",
+                        help="parameters inside Flower's messages instead of on fedlm's relay")
     parser.add_argument("--out", default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
     if not flower_binaries_available():
@@ -96,9 +100,10 @@ def main() -> None:
              for i in range(num_clients_of(config))]
     run_config = {"config": str(config_path), "data-dir": str(data_dir), "run-dir": str(out / "flower" / "run"),
                   "node-wait-s": 120.0, "secure-aggregation": args.secure}
-    if config.split is not None:
+    relay = not (args.no_relay or args.secure)
+    if config.split is not None or relay:  # the trunk's / relay's TLS files and each node's token
         trunk, tokens = trunk_credentials(out / "trunk", [int(node["partition-id"]) for node in nodes])
-        run_config.update(trunk)
+        run_config.update({**trunk, "relay": str(relay).lower()})
         for node in nodes:
             node["trunk-token"] = tokens[int(node["partition-id"])]
     started = time.perf_counter()
@@ -115,6 +120,7 @@ def main() -> None:
         print(f"{index:>5} {a:12.2f} {b:10.2f} {b / a:7.2f}")
     steady = statistics.mean(flower[1:]) / statistics.mean(sim[1:]) if len(sim) > 1 else float("nan")
     result = {"config": config.name, "rounds": args.rounds, "secure": args.secure, "worker": not args.no_worker,
+              "relay": relay,
               "simulator_round_s": sim, "flower_round_s": flower, "steady_ratio": steady,
               "first_round_ratio": flower[0] / sim[0], "simulator_total_s": sim_s, "flower_total_s": flower_s}
     (out / "bench_flower_round.json").write_text(json.dumps(result, indent=2))

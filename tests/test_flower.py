@@ -42,6 +42,7 @@ from fedlm.flower.messages import (
     to_array_record,
 )
 from fedlm.flower.nodes import discover_clients
+from fedlm.flower.relay import RelayStore
 from fedlm.flower.server import FlowerExecutor, build_server_app
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
@@ -113,17 +114,34 @@ def run_in_simulator_and_flower(monkeypatch, config: ExperimentConfig, data_dir:
     return read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
 
 
-@pytest.mark.parametrize(("codec", "sharing", "framing"), [
-    ({"codec": "fp16"}, {}, 1.05),
-    ({"codec": "int8", "codec_block_size": 64}, {}, 1.2),
-    ({"codec": "fp16"}, {"freeze_window": {"epsilon": 1}}, 1.05),  # FFDAPT: frozen blocks are not sent back
+def count_relayed_updates(monkeypatch) -> list[int]:
+    """The client ids whose updates the ServerApp took from the relay, in order."""
+    taken: list[int] = []
+    take = RelayStore.take_upload
+
+    def counting(self, client_id: int, digest: str) -> bytes:
+        taken.append(client_id)
+        return take(self, client_id, digest)
+
+    monkeypatch.setattr(RelayStore, "take_upload", counting)
+    return taken
+
+
+@pytest.mark.parametrize(("codec", "sharing", "framing", "relay"), [
+    ({"codec": "fp16"}, {}, 1.05, False),
+    ({"codec": "int8", "codec_block_size": 64}, {}, 1.2, False),
+    ({"codec": "fp16"}, {"freeze_window": {"epsilon": 1}}, 1.05, False),  # FFDAPT: frozen blocks are not sent back
+    ({"codec": "int8", "codec_block_size": 64}, {}, 1.2, True),  # parameters beside the messages, on the relay
 ])
-def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, framing, tmp_path, tiny_csv,
+def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, framing, relay, tmp_path, tiny_csv,
                                                               monkeypatch, no_telemetry):
     raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2, **codec)
     raw["partition"]["num_clients"] = 3
     raw["sharing"] = sharing
-    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path)
+    service, tokens = trunk_credentials(tmp_path / "relay", [0, 1, 2]) if relay else ({}, None)
+    taken = count_relayed_updates(monkeypatch)
+    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path, tokens, service)
+    assert taken == ([c for r in fl[1:] for c in r["clients"]] if relay else [])
     assert [r["round"] for r in fl] == [0, 1, 2]
     assert sim[0]["test_accuracy"] == fl[0]["test_accuracy"]  # the same starting point
     for a, b in zip(sim[1:], fl[1:], strict=True):
@@ -139,16 +157,21 @@ def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, fr
     assert_saved_classifiers_close(tmp_path / "sim" / "model", tmp_path / "flower" / "model")
 
 
-@pytest.mark.parametrize(("trunk_mode", "client_parts"), [("sequential", "share"), ("parallel", "average")])
-def test_split_rounds_through_flower_equal_the_simulator(trunk_mode, client_parts, tmp_path, tiny_csv, monkeypatch,
-                                                         no_telemetry):
+@pytest.mark.parametrize(("trunk_mode", "client_parts", "relay"), [("sequential", "share", True),
+                                                                   ("parallel", "average", False)])
+def test_split_rounds_through_flower_equal_the_simulator(trunk_mode, client_parts, relay, tmp_path, tiny_csv,
+                                                         monkeypatch, no_telemetry):
     """Each client turn is a Flower message; the node trains its parts against the ServerApp's trunk over
-    gRPC + TLS with its own token. Same batches and the same fp32 boundary as the simulator: same model."""
+    gRPC + TLS with its own token (and, with the relay, fetches and returns its parts over the trunk's server).
+    Same batches and the same fp32 boundary as the simulator: same model."""
     raw = tiny_config(tmp_path, tiny_csv)
     raw["partition"]["num_clients"] = 3
     raw["split"] = {"trunk_mode": trunk_mode, "client_parts": client_parts, "transport": "grpc"}
     trunk, tokens = trunk_credentials(tmp_path / "trunk", [0, 1, 2])
-    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path, tokens, trunk)
+    taken = count_relayed_updates(monkeypatch)
+    sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path, tokens,
+                                          {**trunk, "relay": relay})
+    assert taken == ([c for r in fl[1:] for c in r["clients"]] if relay else [])
     assert [r["round"] for r in fl] == [0, 1, 2]
     for a, b in zip(sim[1:], fl[1:], strict=True):
         assert a["clients"] == b["clients"] and not b["failed"]

@@ -23,7 +23,7 @@ from fedlm.federation.engine import ClientJob, RoundEngine
 from fedlm.federation.local_training import LocalSettings
 from fedlm.flower import localdeploy, nodeapp
 from fedlm.flower.client import build_client_app
-from fedlm.flower.localdeploy import LocalDeployment, flower_binaries_available
+from fedlm.flower.localdeploy import LocalDeployment, flower_binaries_available, trunk_credentials
 from fedlm.flower.messages import from_array_record, job_content
 from fedlm.run.prepare import prepare
 from fedlm.run.recorder import read_metrics
@@ -113,7 +113,8 @@ def test_node_app_answers_queries_without_the_training_stack(task_identity):
                     reason="Flower's flower-superlink / flower-supernode / flwr are not installed (or "
                            "FEDLM_SKIP_DEPLOY_TEST=1)")
 def test_real_processes_run_two_rounds_and_survive_a_killed_node(tmp_path, tiny_csv, runtime_dir):
-    """SuperLink, two SuperNodes and ``flwr run`` as subprocesses: round 1 with both clients; then client 1's
+    """SuperLink, two SuperNodes and ``flwr run`` as subprocesses, the parameters on fedlm's relay (TLS, a token
+    per node): round 1 with both clients; then client 1's
     SuperNode is killed (kill -9) and round 2 goes on without it, recording why. About 2 minutes on a busy
     2-core machine (the processes' imports, and round 2's 30 s wait for the dead node); set
     FEDLM_SKIP_DEPLOY_TEST=1 to leave it out."""
@@ -123,18 +124,21 @@ def test_real_processes_run_two_rounds_and_survive_a_killed_node(tmp_path, tiny_
     config_path = tmp_path / "experiment.yaml"
     config_path.write_text(dump_config(config))
     run_dir = tmp_path / "flower-run"
-    nodes = [{"partition-id": i, "data-dir": str(tiny_csv)} for i in range(2)]
+    relay, tokens = trunk_credentials(tmp_path / "relay", [0, 1])  # parameters on the relay, as deployed
+    nodes = [{"partition-id": i, "data-dir": str(tiny_csv), "trunk-token": tokens[i]} for i in range(2)]
     for i in range(2):  # start the nodes' workers now (fedlm's import), so round 1 fits the reply timeout
         nodeapp.WorkerLink(*nodeapp.worker_paths(i, str(tiny_csv))).connect().close()
     with LocalDeployment(tmp_path / "deploy", nodes) as deployment:
         process = deployment.start_run({"config": str(config_path), "data-dir": str(tiny_csv),
-                                        "run-dir": str(run_dir), "node-wait-s": 60.0, "reply-timeout-s": 30.0})
+                                        "run-dir": str(run_dir), "node-wait-s": 60.0, "reply-timeout-s": 30.0,
+                                        **relay})
         deadline = time.monotonic() + 240
         while not any(r.get("round") == 1 for r in _records(run_dir)):
             assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "deploy" / "run.log")
             time.sleep(0.5)
         deployment.kill_node(1)
         assert process.wait(240) == 0, (tmp_path / "deploy" / "run.log").read_text()[-3000:]
+    assert "parameters travel on fedlm's relay" in (tmp_path / "deploy" / "run.log").read_text()
     records = read_metrics(run_dir)
     assert [r["round"] for r in records] == [0, 1, 2]
     assert records[1]["clients"] == [0, 1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -36,9 +37,11 @@ from fedlm.flower.messages import (
     TRUNK_CA,
     codec_from_content,
     config_sha,
+    is_relayed,
     job_from_content,
     report_content,
 )
+from fedlm.flower.relay import RelayClient
 from fedlm.flower.secagg import masked_reply
 from fedlm.flower.secagg_mod import SECURE_KEY, secure_aggregation_mod
 from fedlm.models.cut import SplitModel
@@ -98,8 +101,16 @@ class ClientRuntime:
 
     def answer(self, content: RecordDict, context: Context) -> RecordDict:
         """The reply content to a ``train`` message's content; raises when the client fails."""
-        job, experiment = job_from_content(content)
         own = partition_id(context)
+        relay = self.relay_client(content, context, own) if is_relayed(content) else None
+        try:
+            return self._answer(content, context, own, relay)
+        finally:
+            if relay is not None:
+                relay.close()
+
+    def _answer(self, content: RecordDict, context: Context, own: int, relay: RelayClient | None) -> RecordDict:
+        job, experiment = job_from_content(content, None if relay is None else relay.fetch)
         if job.client_id != own:
             raise UserError(f"job for client {job.client_id} reached the node of client {own}")
         with self.lock:
@@ -128,7 +139,7 @@ class ClientRuntime:
             update = report.update
             return masked_reply(upload, job, codec_from_content(content), update.num_examples, update.metrics,
                                 content["config"])
-        return report_content(report, upload)
+        return report_content(report, upload, None if relay is None else relay.upload)
 
     @staticmethod
     def _fit(prep: Prepared, job: ClientJob, codec: KeepUpload, own: int) -> tuple[ClientReport, Encoded]:
@@ -152,10 +163,10 @@ class ClientRuntime:
             self._split_client = prep, client_copy(split_model(prep.model, spec))
         return self._split_client[1]
 
-    def trunk_transport(self, content: RecordDict, context: Context, prep: Prepared, own: int) -> GrpcTransport:
-        """A TLS session with the server's trunk: the address and CA the job names (node config
-        ``trunk-address`` / ``trunk-ca`` override them), this node's ``trunk-token`` and, for mutual TLS,
-        its ``trunk-client-cert`` / ``trunk-client-key``."""
+    def service_access(self, content: RecordDict, context: Context, own: int) -> ServiceAccess:
+        """How this node reaches the ServerApp's gRPC service (trunk, relay): the address and CA the job
+        names (node config ``trunk-address`` / ``trunk-ca`` override them), this node's ``trunk-token`` and,
+        for mutual TLS, its ``trunk-client-cert`` / ``trunk-client-key``."""
         node, job = context.node_config, content["config"]
         token = node.get("trunk-token") or self.trunk_tokens.get(own)
         if not token:
@@ -165,9 +176,29 @@ class ClientRuntime:
         if node.get("trunk-client-cert"):
             cert = (Path(str(node["trunk-client-cert"])).read_bytes(),
                     Path(str(node["trunk-client-key"])).read_bytes())
-        return GrpcTransport(str(node.get("trunk-address") or job[TRUNK_ADDRESS]), str(own), str(token),
-                             root_cert_pem=ca, client_cert=cert, timeout_s=float(job.get("timeout-s", 600.0)),
+        return ServiceAccess(str(node.get("trunk-address") or job[TRUNK_ADDRESS]), str(token), ca, cert,
+                             float(job.get("timeout-s", 600.0)))
+
+    def trunk_transport(self, content: RecordDict, context: Context, prep: Prepared, own: int) -> GrpcTransport:
+        """A TLS session with the server's trunk (``service_access``)."""
+        access = self.service_access(content, context, own)
+        return GrpcTransport(access.address, str(own), access.token, root_cert_pem=access.ca,
+                             client_cert=access.client_cert, timeout_s=access.timeout_s,
                              wire_dtype=WIRE_DTYPES[prep.config.split.activation_dtype])
+
+    def relay_client(self, content: RecordDict, context: Context, own: int) -> RelayClient:
+        """Where this job's parameters wait and its update goes (``service_access``)."""
+        access = self.service_access(content, context, own)
+        return RelayClient(access.address, str(own), access.token, access.ca, access.client_cert, access.timeout_s)
+
+
+@dataclass(frozen=True)
+class ServiceAccess:
+    address: str
+    token: str
+    ca: bytes
+    client_cert: tuple[bytes, bytes] | None
+    timeout_s: float
 
 
 class KeepUpload:

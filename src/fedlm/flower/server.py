@@ -23,19 +23,27 @@ from flwr.serverapp import Grid, ServerApp
 from fedlm.config import ExperimentConfig, dump_config, read_yaml, validate
 from fedlm.errors import UserError
 from fedlm.federation.client_round import NonFiniteUpdate, client_failure, refuse_non_finite
-from fedlm.federation.codecs import Codec
+from fedlm.federation.codecs import Codec, Encoded
 from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import ClientUpdate
-from fedlm.flower.messages import TRUNK_ADDRESS, TRUNK_CA, encoded_from_records, job_content
+from fedlm.flower.messages import (
+    TRUNK_ADDRESS,
+    TRUNK_CA,
+    encoded_from_blob,
+    encoded_from_records,
+    is_relayed,
+    job_content,
+)
 from fedlm.flower.nodes import NodeDirectory, PromptGrid, match_replies
+from fedlm.flower.relay import DIGEST_KEY, RelayStore, serve_relay, to_blob
 from fedlm.flower.secagg import FREEZE_REFUSAL, SecAggSettings, SecureAggregation
 from fedlm.flower.secagg_mod import SECURE_KEY, truthy
 from fedlm.run.prepare import num_clients_of
 from fedlm.run.recorder import slug
 from fedlm.run.single import ExecutorFactory, run_single
-from fedlm.split.grpc import load_tokens, serve_trunk
+from fedlm.split.grpc import TrunkServer, load_tokens, serve_trunk
 from fedlm.split.trunk import TrunkBackend
 from fedlm.tasks import Task
 
@@ -58,7 +66,8 @@ class FlowerExecutor:
     def __init__(self, grid: Grid, nodes: NodeDirectory | dict[int, int], codec: Codec, experiment: str,
                  timeout_s: float | None = DEFAULT_REPLY_TIMEOUT_S, progress: Callable[[int], None] | None = None,
                  extra: Mapping[str, ConfigRecordValues] | None = None,
-                 grace_s: float = DEFAULT_REPLY_GRACE_S) -> None:
+                 grace_s: float = DEFAULT_REPLY_GRACE_S, relay: RelayStore | None = None,
+                 owned_server: TrunkServer | None = None) -> None:
         self.grid = grid
         self.nodes = nodes if isinstance(nodes, NodeDirectory) else NodeDirectory.fixed(grid, nodes)
         self.codec = codec
@@ -67,6 +76,8 @@ class FlowerExecutor:
         self.grace_s = grace_s
         self.progress = progress
         self.extra = extra
+        self.relay = relay  # parameters and updates beside the messages (``fedlm.flower.relay``)
+        self.owned_server = owned_server  # the relay's own server, stopped with the executor
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         results, routed = self._route(jobs)
@@ -93,16 +104,29 @@ class FlowerExecutor:
     def _exchange(self, routed: list[tuple[ClientJob, int]],
                   wait: float | None) -> dict[int, ClientReport | ClientFailure]:
         """One train message per routed job, each client's update read back in the clear."""
-        messages = [Message(job_content(job, self.experiment, self.codec.block_size, self.extra), dst_node_id=node,
-                            message_type=MessageType.TRAIN, ttl=wait, group_id=str(job.round_idx))
-                    for job, node in routed]
-        replies = match_replies(messages, self.grid.send_and_receive(messages, timeout=wait)) if messages else {}
-        results: dict[int, ClientReport | ClientFailure] = {}
-        for index, (job, node) in enumerate(routed):
-            reply = replies.get(index)
-            results[job.client_id] = (ClientFailure(job.client_id, self._no_reply(wait)) if reply is None
-                                      else self._read_reply(job, node, reply))
-        return results
+        digests: dict[int, str | None] = {}  # jobs sharing one parameter set share its blob on the relay
+        for job, _ in routed:
+            if id(job.params) not in digests:
+                digests[id(job.params)] = self._offer(job.params)
+        try:
+            messages = [Message(job_content(job, self.experiment, self.codec.block_size, self.extra,
+                                            digests[id(job.params)]),
+                                dst_node_id=node, message_type=MessageType.TRAIN, ttl=wait, group_id=str(job.round_idx))
+                        for job, node in routed]
+            replies = match_replies(messages, self.grid.send_and_receive(messages, timeout=wait)) if messages else {}
+            results: dict[int, ClientReport | ClientFailure] = {}
+            for index, (job, node) in enumerate(routed):
+                reply = replies.get(index)
+                results[job.client_id] = (ClientFailure(job.client_id, self._no_reply(wait)) if reply is None
+                                          else self._read_reply(job, node, reply))
+            return results
+        finally:
+            if self.relay is not None:
+                self.relay.clear()  # the round's parameters and updates, taken or not
+
+    def _offer(self, params: Encoded) -> str | None:
+        """The digest of ``params`` put on the relay (None: no relay, they travel in the message)."""
+        return None if self.relay is None else self.relay.offer(to_blob(params.tensors, params.meta))
 
     def wait_s(self, jobs: list[ClientJob]) -> float | None:
         """How long the round waits for replies: the reply timeout, cut to the clients' own deadline
@@ -115,7 +139,9 @@ class FlowerExecutor:
         return own if self.timeout_s is None else min(self.timeout_s, own)
 
     def close(self) -> None:
-        """Nothing to release: the nodes outlive the run."""
+        """Stop the relay's own server, if any (the nodes outlive the run)."""
+        if self.owned_server is not None:
+            self.owned_server.stop(grace=1.0)
 
     @staticmethod
     def _no_reply(wait: float | None) -> str:
@@ -147,8 +173,7 @@ class FlowerExecutor:
         """A reply as the engine's report; the node's word is checked, not trusted (shapes, finiteness)."""
         if int(content["config"]["client-id"]) != job.client_id:
             raise ValueError(f"reply is from client {content['config']['client-id']}, not {job.client_id}")
-        arrays, meta = content["arrays"], content["meta"]
-        received = encoded_from_records(arrays, meta, self.codec.name)
+        received, sent_bytes, meta_bytes = self._received(job, content)
         skip = set(job.frozen)  # frozen this round: trained by nobody here, so not sent back
         _check_like(received.tensors, {n: t for n, t in job.params.tensors.items() if n not in skip}, "parameter")
         _check_like(received.meta, {n: t for n, t in job.params.meta.items() if n not in skip}, "metadata")
@@ -158,8 +183,20 @@ class FlowerExecutor:
         extra = {k: float(v) for k, v in metrics.items() if k != "num-examples"}
         in_sent_order = {n: params[n] for n in job.params.tensors if n not in skip}
         update = ClientUpdate(job.client_id, int(metrics["num-examples"]), in_sent_order, extra)
+        return ClientReport(update, sent_bytes, upload_meta_bytes=meta_bytes)
+
+    def _received(self, job: ClientJob, content: RecordDict) -> tuple[Encoded, int, int]:
+        """The update as the codec encoded it, and the bytes it took (all, and those of its metadata): the
+        relay's blob (safetensors' header included), or the message's arrays (with Flower's framing)."""
+        if is_relayed(content):
+            if self.relay is None:
+                raise ValueError("the reply points at a relay this run does not serve")
+            blob = self.relay.take_upload(job.client_id, str(content["config"][DIGEST_KEY]))
+            received = encoded_from_blob(blob, self.codec.name)
+            return received, len(blob), received.meta_bytes
+        arrays, meta = content["arrays"], content["meta"]
         meta_bytes = meta.count_bytes()
-        return ClientReport(update, arrays.count_bytes() + meta_bytes, upload_meta_bytes=meta_bytes)
+        return encoded_from_records(arrays, meta, self.codec.name), arrays.count_bytes() + meta_bytes, meta_bytes
 
 
 class SecureFlowerExecutor(FlowerExecutor):
@@ -189,10 +226,11 @@ def _check_like(received: NamedTensors, sent: NamedTensors, what: str) -> None:
 
 
 def flower_executor_factory(grid: Grid, nodes: NodeDirectory, experiment: str, timeout_s: float | None,
-                            grace_s: float = DEFAULT_REPLY_GRACE_S,
-                            secure: SecAggSettings | None = None) -> ExecutorFactory:
+                            grace_s: float = DEFAULT_REPLY_GRACE_S, secure: SecAggSettings | None = None,
+                            relay: TrunkService | None = None) -> ExecutorFactory:
     """``run_single``'s ``executor_factory``: the model, task, data and client store live on the nodes;
-    with ``secure`` the updates reach this process only as Flower's SecAgg+ aggregate."""
+    with ``secure`` the updates reach this process only as Flower's SecAgg+ aggregate; with ``relay`` the
+    parameters and updates travel over that service (``fedlm.flower.relay``), not in Flower's messages."""
 
     def factory(model: torch.nn.Module, task: Task, client_rows: dict[int, Sequence[dict]], codec: Codec,
                 store: ClientStore, local_names: list[str],
@@ -205,15 +243,21 @@ def flower_executor_factory(grid: Grid, nodes: NodeDirectory, experiment: str, t
             sizes = {cid: len(rows) for cid, rows in client_rows.items()}
             return SecureFlowerExecutor(grid, nodes, codec, experiment, secure, sizes, timeout_s=timeout_s,
                                         progress=progress, grace_s=grace_s)
-        return FlowerExecutor(grid, nodes, codec, experiment, timeout_s, progress, grace_s=grace_s)
+        if relay is None:
+            return FlowerExecutor(grid, nodes, codec, experiment, timeout_s, progress, grace_s=grace_s)
+        blobs = RelayStore(relay.tokens)
+        server = serve_relay(blobs, relay.listen, (relay.cert, relay.key), relay.client_ca)
+        return FlowerExecutor(grid, nodes, codec, experiment, timeout_s, progress, extra=relay.extra(server.port),
+                              grace_s=grace_s, relay=blobs, owned_server=server)
 
     return factory
 
 
 @dataclass(frozen=True)
 class TrunkService:
-    """How the ServerApp serves a split run's trunk (run config keys ``trunk-*``): TLS is required, every
-    client needs its token, and ``client_ca`` (optional) demands client certificates too."""
+    """How the ServerApp serves its own gRPC service, a split run's trunk and the parameter relay (run config
+    keys ``trunk-*``): TLS is required, every client needs its token, and ``client_ca`` (optional) demands
+    client certificates too."""
 
     listen: str
     address: str | None  # what nodes dial; None: this machine's name and the port it got
@@ -229,8 +273,8 @@ class TrunkService:
             value = _setting(context, key, defaults)
             if value is None:
                 if required:
-                    raise UserError(f"a split run through Flower serves its trunk over TLS: set the run config "
-                                    f"key '{key}' (a PEM file)")
+                    raise UserError(f"the ServerApp serves its trunk / parameter relay over TLS: set the run "
+                                    f"config key '{key}' (a PEM file), or relay=false for a FedAvg-family run")
                 return None
             path = Path(str(value))
             if not path.is_file():
@@ -239,7 +283,7 @@ class TrunkService:
 
         tokens = _setting(context, "trunk-tokens", defaults)
         if tokens is None:
-            raise UserError("a split run through Flower needs client tokens: set the run config key "
+            raise UserError("the ServerApp's trunk / parameter relay needs client tokens: set the run config key "
                             "'trunk-tokens' (a YAML file of client id -> token)")
         cert, key = read("trunk-cert"), read("trunk-key")
         address = _setting(context, "trunk-address", defaults)
@@ -247,21 +291,29 @@ class TrunkService:
                    None if address is None else str(address), cert, key, read("trunk-ca", False) or cert,
                    load_tokens(str(tokens)), read("trunk-client-ca", False))
 
+    def extra(self, port: int) -> dict[str, ConfigRecordValues]:
+        """What each job tells its node about the service: the address to dial (``address``, else this
+        machine's name, or the loopback name it listens on, and the bound ``port``) and the CA's PEM."""
+        host = self.listen.rsplit(":", 1)[0]
+        local = host if host in ("localhost", "127.0.0.1", "[::1]") else socket.getfqdn()
+        return {TRUNK_ADDRESS: self.address or f"{local}:{port}", TRUNK_CA: self.ca.decode()}
+
 
 class FlowerSplitClients:
     """Split learning across machines, as ``RemoteClients``: this process serves the trunk over gRPC + TLS,
     and each client turn is one Flower message to the client's node, whose ClientApp trains the client's
-    parts against that trunk and replies with them."""
+    parts against that trunk and replies with them (with ``relay``, the parts travel over the trunk's server
+    beside the messages)."""
 
     def __init__(self, backend: TrunkBackend, codec: Codec, grid: Grid, nodes: NodeDirectory, experiment: str,
-                 timeout_s: float | None, service: TrunkService, grace_s: float = DEFAULT_REPLY_GRACE_S) -> None:
+                 timeout_s: float | None, service: TrunkService, grace_s: float = DEFAULT_REPLY_GRACE_S,
+                 relay: bool = True) -> None:
+        blobs = RelayStore(service.tokens) if relay else None
         self.server = serve_trunk(backend, service.listen, tokens=service.tokens, tls=(service.cert, service.key),
-                                  client_ca_pem=service.client_ca, max_sessions=max(16, nodes.num_clients + 4))
-        host = service.listen.rsplit(":", 1)[0]
-        local = host if host in ("localhost", "127.0.0.1", "[::1]") else socket.getfqdn()
-        address = service.address or f"{local}:{self.server.port}"
-        extra = {TRUNK_ADDRESS: address, TRUNK_CA: service.ca.decode()}
-        self.flower = FlowerExecutor(grid, nodes, codec, experiment, timeout_s, extra=extra, grace_s=grace_s)
+                                  client_ca_pem=service.client_ca, max_sessions=max(16, nodes.num_clients + 4),
+                                  extra_services=[blobs.handler()] if blobs is not None else [])
+        self.flower = FlowerExecutor(grid, nodes, codec, experiment, timeout_s, extra=service.extra(self.server.port),
+                                     grace_s=grace_s, relay=blobs)
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         return self.flower.run(jobs)
@@ -296,6 +348,21 @@ def secure_settings(context: Context, defaults: Mapping[str, UserConfigValue],
     return SecAggSettings.from_settings(lambda key, default: _setting(context, key, defaults, default))
 
 
+def relay_wanted(context: Context, defaults: Mapping[str, UserConfigValue], config: ExperimentConfig,
+                 secure: SecAggSettings | None) -> bool:
+    """Whether parameters travel over fedlm's relay (run config ``relay``: ``auto``, the default, uses it
+    wherever the ``trunk-*`` TLS files are set and secure aggregation is off; ``true`` demands it)."""
+    value = str(_setting(context, "relay", defaults, "auto")).strip().lower()
+    if value not in ("auto", "true", "false", "1", "0", "yes", "no"):
+        raise UserError(f"run config relay={value!r}: use auto, true or false")
+    if value == "auto":
+        return secure is None and (config.split is not None or _setting(context, "trunk-cert", defaults) is not None)
+    if truthy(value) and secure is not None:
+        raise UserError("relay=true sends each update to the ServerApp in the clear, which secure aggregation "
+                        "exists to prevent: set relay=false (or auto) with secure-aggregation")
+    return truthy(value)
+
+
 def build_server_app(**defaults: UserConfigValue) -> ServerApp:
     """The ServerApp; ``defaults`` (config, data-dir, run-dir, ...) fill run config keys left empty."""
     app = ServerApp()
@@ -315,12 +382,17 @@ def build_server_app(**defaults: UserConfigValue) -> ServerApp:
         nodes.discover(wait_s)
         experiment = dump_config(config)
         secure = secure_settings(context, defaults, config)
-        factory = flower_executor_factory(grid, nodes, experiment, timeout_s, grace_s, secure)
+        relay = relay_wanted(context, defaults, config, secure)
+        print(f"[{config.name}] parameters travel " + ("on fedlm's relay (gRPC + TLS, a token per client), beside "
+                                                       "Flower's messages" if relay else "in Flower's messages"),
+              flush=True)
+        service = TrunkService.from_settings(context, defaults) if relay or config.split is not None else None
+        factory = flower_executor_factory(grid, nodes, experiment, timeout_s, grace_s, secure,
+                                          service if relay and config.split is None else None)
         split_remote = None
         if config.split is not None:
-            service = TrunkService.from_settings(context, defaults)
             split_remote = partial(FlowerSplitClients, grid=grid, nodes=nodes, experiment=experiment,
-                                   timeout_s=timeout_s, service=service, grace_s=grace_s)
+                                   timeout_s=timeout_s, service=service, grace_s=grace_s, relay=relay)
         resume = truthy(_setting(context, "resume", defaults, False))  # a killed ServerApp, run again
         run_single(config, Path(str(_setting(context, "data-dir", defaults, "."))), Path(str(run_dir)),
                    resume=resume, executor_factory=factory, split_remote=split_remote)

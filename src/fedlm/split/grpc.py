@@ -26,7 +26,7 @@ import queue
 import secrets
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +52,12 @@ __all__ = [
     "GrpcTransport",
     "LoopbackGrpc",
     "TrunkServer",
+    "authenticate",
     "load_tokens",
+    "open_channel",
     "pack_envelope",
     "serve_trunk",
+    "start_server",
     "unpack_envelope",
 ]
 
@@ -64,6 +67,7 @@ SERVICE = "fedlm.Trunk"
 SESSION_METHOD = f"/{SERVICE}/Session"
 CLIENT_ID_KEY, TOKEN_KEY = "fedlm-client-id", "fedlm-token"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
+SERVICE_MESSAGE_BYTES = 4 * 2**20  # the least a server admits when it hosts other services beside the trunk
 _PREFIX = struct.Struct("<I")
 _MAX_HEADER = 4096
 
@@ -97,6 +101,19 @@ def unpack_envelope(message: bytes) -> tuple[dict, bytes]:
     return header, message[_PREFIX.size + n :]
 
 
+def authenticate(context: grpc.ServicerContext, tokens: Mapping[str, str], service: str) -> str | None:
+    """The caller's client id if its metadata carries that client's token, else None (logged with the reason;
+    the client only learns it was refused)."""
+    metadata = dict(context.invocation_metadata())
+    client_id, token = metadata.get(CLIENT_ID_KEY), metadata.get(TOKEN_KEY)
+    expected = tokens.get(client_id) if isinstance(client_id, str) else None
+    if expected is not None and isinstance(token, str) and hmac.compare_digest(expected.encode(), token.encode()):
+        return client_id
+    reason = f"unknown client id {str(client_id)[:64]!r}" if expected is None else f"bad token for client {client_id}"
+    log.warning("%s: refused a call from %s: %s", service, context.peer(), reason)
+    return None
+
+
 # ------------------------------------------------------------------------------------------------ server
 
 
@@ -112,7 +129,7 @@ class _TrunkService:
         self._hook = hook
 
     def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        client_id = self._authenticate(context)
+        client_id = authenticate(context, self._tokens, "trunk")
         if client_id is None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown client id or bad token")
         log.info("trunk: session of client %s opened from %s", client_id, context.peer())
@@ -126,20 +143,6 @@ class _TrunkService:
             idle.cancel()
             self._backend.drop(client_id)
             log.info("trunk: session of client %s closed", client_id)
-
-    def _authenticate(self, context: grpc.ServicerContext) -> str | None:
-        """The session's client id, or None (logged with the reason; the client only learns it was refused)."""
-        metadata = dict(context.invocation_metadata())
-        client_id, token = metadata.get(CLIENT_ID_KEY), metadata.get(TOKEN_KEY)
-        expected = self._tokens.get(client_id) if isinstance(client_id, str) else None
-        if expected is not None and isinstance(token, str) and hmac.compare_digest(expected.encode(), token.encode()):
-            return client_id
-        if expected is None:
-            reason = f"unknown client id {str(client_id)[:64]!r}"
-        else:
-            reason = f"bad token for client {client_id}"
-        log.warning("trunk: refused a session from %s: %s", context.peer(), reason)
-        return None
 
     def _idle_timer(self, context: grpc.ServicerContext, client_id: str) -> threading.Timer:
         def expire() -> None:
@@ -194,27 +197,38 @@ def serve_trunk(
     stream_timeout_s: float = 600.0,
     max_sessions: int = 16,
     hook: MessageHook | None = None,
+    extra_services: Sequence[grpc.GenericRpcHandler] = (),
 ) -> TrunkServer:
     """Serve ``backend`` at ``address``; ``tls`` is (cert PEM, key PEM), ``client_ca_pem`` demands client
     certificates signed by that CA. A session idle for ``stream_timeout_s`` is closed and its pending
     forwards dropped; beyond ``max_sessions`` concurrent sessions, new ones get RESOURCE_EXHAUSTED.
     ``max_message_bytes`` defaults to the largest message the backend's limits admit (at most 64 MiB), so
-    an oversized message is refused by gRPC before it is read into memory."""
+    an oversized message is refused by gRPC before it is read into memory. ``extra_services`` are served
+    on the same port (the Flower deployment's parameter relay)."""
     if not tokens:
         raise ValueError("serve_trunk needs at least one client id -> token")
-    if client_ca_pem is not None and tls is None:
-        raise ValueError("client certificates (client_ca_pem) need TLS: pass tls=(cert_pem, key_pem)")
     if max_message_bytes is None:
         admitted = backend.limits.max_message_bytes(backend.hidden_size)
         max_message_bytes = min(admitted or DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES)
-    server = grpc.server(
-        ThreadPoolExecutor(max_workers=max_sessions, thread_name_prefix="fedlm-trunk"),
-        options=_size_options(max_message_bytes),
-        maximum_concurrent_rpcs=max_sessions,
-    )
+    if extra_services:  # their messages (the relay's chunks) need not fit the boundary's limit
+        max_message_bytes = max(max_message_bytes, SERVICE_MESSAGE_BYTES)
     service = _TrunkService(backend, tokens, stream_timeout_s, hook)
     handler = grpc.stream_stream_rpc_method_handler(service.session)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}),))
+    handlers = (grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}), *extra_services)
+    server, port = start_server(address, handlers, tls, client_ca_pem, max_sessions, max_message_bytes)
+    log.info("trunk: serving at %s (port %d, %s)", address, port, _security(tls, client_ca_pem))
+    return TrunkServer(server, port)
+
+
+def start_server(address: str, handlers: Sequence[grpc.GenericRpcHandler], tls: tuple[bytes, bytes] | None,
+                 client_ca_pem: bytes | None, max_calls: int, max_message_bytes: int) -> tuple[grpc.Server, int]:
+    """A started gRPC server for ``handlers`` at ``address`` (TLS when ``tls`` is (cert PEM, key PEM), mutual
+    with ``client_ca_pem``) and the port it bound; beyond ``max_calls`` concurrent calls, RESOURCE_EXHAUSTED."""
+    if client_ca_pem is not None and tls is None:
+        raise ValueError("client certificates (client_ca_pem) need TLS: pass tls=(cert_pem, key_pem)")
+    server = grpc.server(ThreadPoolExecutor(max_workers=max_calls, thread_name_prefix="fedlm-grpc"),
+                         options=_size_options(max_message_bytes), maximum_concurrent_rpcs=max_calls)
+    server.add_generic_rpc_handlers(tuple(handlers))
     if tls is None:
         port = server.add_insecure_port(address)
     else:
@@ -224,8 +238,7 @@ def serve_trunk(
         )
         port = server.add_secure_port(address, credentials)
     server.start()
-    log.info("trunk: serving at %s (port %d, %s)", address, port, _security(tls, client_ca_pem))
-    return TrunkServer(server, port)
+    return server, port
 
 
 def _security(tls: tuple[bytes, bytes] | None, client_ca_pem: bytes | None) -> str:
@@ -258,6 +271,20 @@ def load_tokens(path: str | Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ client
 
 
+def open_channel(address: str, root_cert_pem: bytes | None, client_cert: tuple[bytes, bytes] | None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Channel:
+    """A channel to ``address``: TLS verified against ``root_cert_pem`` (mutual with ``client_cert``, (cert PEM,
+    key PEM)), or plaintext without it, for loopback or trusted networks only."""
+    options = _size_options(max_message_bytes)
+    if root_cert_pem is None:
+        if client_cert is not None:
+            raise ValueError("a client certificate needs TLS: pass root_cert_pem too")
+        return grpc.insecure_channel(address, options=options)
+    cert, key = client_cert if client_cert is not None else (None, None)
+    credentials = grpc.ssl_channel_credentials(root_cert_pem, private_key=key, certificate_chain=cert)
+    return grpc.secure_channel(address, credentials, options=options)
+
+
 class GrpcTransport(ClientSide):
     """A client's session with a remote trunk: each ``forward``/``backward`` waits at most ``timeout_s``.
 
@@ -285,15 +312,7 @@ class GrpcTransport(ClientSide):
         super().__init__(client_id, hook, wire_dtype)
         self.address = address
         self._timeout_s = timeout_s
-        options = _size_options(max_message_bytes)
-        if root_cert_pem is None:
-            if client_cert is not None:
-                raise ValueError("a client certificate needs TLS: pass root_cert_pem too")
-            self._channel = grpc.insecure_channel(address, options=options)
-        else:
-            cert, key = client_cert if client_cert is not None else (None, None)
-            credentials = grpc.ssl_channel_credentials(root_cert_pem, private_key=key, certificate_chain=cert)
-            self._channel = grpc.secure_channel(address, credentials, options=options)
+        self._channel = open_channel(address, root_cert_pem, client_cert, max_message_bytes)
         self._requests: queue.Queue[bytes | None] = queue.Queue()
         self._answers: queue.Queue[bytes | TransportError] = queue.Queue()
         self._failure: TransportError | None = None
