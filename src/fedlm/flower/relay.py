@@ -74,6 +74,13 @@ def from_blob(blob: bytes) -> tuple[NamedTensors, NamedTensors]:
     return tensors, meta
 
 
+def chunks_of(blob: bytes) -> Iterator[bytes]:
+    """``blob`` in gRPC messages of at most ``CHUNK_BYTES``."""
+    view = memoryview(blob)
+    for start in range(0, len(blob), CHUNK_BYTES):
+        yield bytes(view[start:start + CHUNK_BYTES])
+
+
 def digest_of(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
 
@@ -127,9 +134,7 @@ class RelayStore:
             blob = self._offers.get(request.decode(errors="replace"))
         if blob is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "no such parameters here (from an earlier round?)")
-        view = memoryview(blob)
-        for start in range(0, len(blob), CHUNK_BYTES):
-            yield bytes(view[start:start + CHUNK_BYTES])
+        yield from chunks_of(blob)
 
     def _upload(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         client_id = self._caller(context)
@@ -168,10 +173,8 @@ class RelayClient:
 
     def upload(self, blob: bytes) -> str:
         call = self._channel.stream_unary(f"/{SERVICE}/Upload")
-        view = memoryview(blob)
-        chunks = (bytes(view[start:start + CHUNK_BYTES]) for start in range(0, len(blob), CHUNK_BYTES))
         try:
-            digest = call(chunks, metadata=self.metadata, timeout=self.timeout_s).decode()
+            digest = call(chunks_of(blob), metadata=self.metadata, timeout=self.timeout_s).decode()
         except grpc.RpcError as err:
             raise RelayError(f"relay at {self.address}: upload refused: {err.code().name}: {err.details()}") from None
         if digest != digest_of(blob):

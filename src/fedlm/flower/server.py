@@ -104,11 +104,11 @@ class FlowerExecutor:
     def _exchange(self, routed: list[tuple[ClientJob, int]],
                   wait: float | None) -> dict[int, ClientReport | ClientFailure]:
         """One train message per routed job, each client's update read back in the clear."""
-        digests: dict[int, str | None] = {}  # jobs sharing one parameter set share its blob on the relay
-        for job, _ in routed:
-            if id(job.params) not in digests:
-                digests[id(job.params)] = self._offer(job.params)
         try:
+            digests: dict[int, str | None] = {}  # jobs sharing one parameter set share its blob on the relay
+            for job, _ in routed:
+                if id(job.params) not in digests:
+                    digests[id(job.params)] = self._offer(job.params)
             messages = [Message(job_content(job, self.experiment, self.codec.block_size, self.extra,
                                             digests[id(job.params)]),
                                 dst_node_id=node, message_type=MessageType.TRAIN, ttl=wait, group_id=str(job.round_idx))
