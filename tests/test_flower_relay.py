@@ -69,6 +69,10 @@ def test_the_relay_serves_offers_takes_uploads_and_refuses_strangers(relay):
     assert store.take_upload(0, sent) == update
     with pytest.raises(ValueError, match="never received"):
         store.take_upload(0, sent)  # taken once
+    first, second = alice.upload(to_blob({"w": torch.zeros(10)}, {})), alice.upload(update)
+    with pytest.raises(ValueError, match="never received"):
+        store.take_upload(0, first)  # one pending upload per client: the newer one replaced it
+    assert store.take_upload(0, second) == update
     with pytest.raises(RelayError, match="RESOURCE_EXHAUSTED"):
         alice.upload(bytes(20_000))  # over the store's upload limit
 

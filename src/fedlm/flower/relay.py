@@ -86,15 +86,16 @@ def digest_of(blob: bytes) -> str:
 
 
 class RelayStore:
-    """The server side: blobs offered for download by digest, and uploads by (client id, digest) until taken.
+    """The server side: blobs offered for download by digest, and each client's latest upload until taken.
 
-    ``clear`` after each exchange drops both, so a round holds at most its own parameters and updates."""
+    A client has one pending upload (a newer one replaces it), so an exchange holds at most one update per
+    client whatever a client sends; ``clear`` after each exchange drops offers and uploads."""
 
     def __init__(self, tokens: Mapping[str, str], max_upload_bytes: int = 2**34) -> None:
         self.tokens = dict(tokens)
         self.max_upload_bytes = max_upload_bytes
         self._offers: dict[str, bytes] = {}
-        self._uploads: dict[tuple[str, str], bytes] = {}
+        self._uploads: dict[str, tuple[str, bytes]] = {}  # client id -> (digest, blob)
         self._lock = threading.Lock()
 
     def offer(self, blob: bytes) -> str:
@@ -105,8 +106,10 @@ class RelayStore:
 
     def take_upload(self, client_id: int, digest: str) -> bytes:
         with self._lock:
-            blob = self._uploads.pop((str(client_id), digest), None)
-        if blob is None:
+            pending_digest, blob = self._uploads.get(str(client_id), ("", b""))
+            if pending_digest == digest:
+                del self._uploads[str(client_id)]
+        if pending_digest != digest:
             raise ValueError(f"client {client_id} named an upload ({digest[:12]}) the relay never received")
         return blob
 
@@ -147,7 +150,7 @@ class RelayStore:
         blob = b"".join(parts)
         digest = digest_of(blob)
         with self._lock:
-            self._uploads[(client_id, digest)] = blob
+            self._uploads[client_id] = (digest, blob)
         return digest.encode()
 
 
