@@ -44,7 +44,7 @@ def main() -> None:
     print("| partition | " + " | ".join(METHODS) + " | Centralized |\n|---|---|---|---|---|")
     for key, label in PARTITIONS:
         cells = [stats(key, m).fixed(3, interval=True) for m in METHODS]
-        print(f"| {label} | " + " | ".join(cells) + f" | {SeedStats(tuple(central)).fixed(3)} |")
+        print(f"| {label} | " + " | ".join(cells) + f" | {SeedStats(tuple(central)).fixed(3, interval=True)} |")
 
     print("\n| partition | " + " | ".join(f"{m} curve" for m in METHODS) + " | local acc. std, "
           + " / ".join(METHODS) + " |\n|---|---|---|---|---|")
