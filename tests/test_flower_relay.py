@@ -73,6 +73,8 @@ def test_the_relay_serves_offers_takes_uploads_and_refuses_strangers(relay):
     with pytest.raises(ValueError, match="never received"):
         store.take_upload(0, first)  # one pending upload per client: the newer one replaced it
     assert store.take_upload(0, second) == update
+    with pytest.raises(ValueError, match="never received"):
+        store.take_upload(1, "")  # nothing pending: an empty digest names nothing either
     with pytest.raises(RelayError, match="RESOURCE_EXHAUSTED"):
         alice.upload(bytes(20_000))  # over the store's upload limit
 

@@ -106,12 +106,10 @@ class RelayStore:
 
     def take_upload(self, client_id: int, digest: str) -> bytes:
         with self._lock:
-            pending_digest, blob = self._uploads.get(str(client_id), ("", b""))
-            if pending_digest == digest:
-                del self._uploads[str(client_id)]
-        if pending_digest != digest:
-            raise ValueError(f"client {client_id} named an upload ({digest[:12]}) the relay never received")
-        return blob
+            pending = self._uploads.get(str(client_id))
+            if pending is not None and pending[0] == digest:
+                return self._uploads.pop(str(client_id))[1]
+        raise ValueError(f"client {client_id} named an upload ({digest[:12]}) the relay never received")
 
     def clear(self) -> None:
         with self._lock:
