@@ -18,6 +18,7 @@ Flower's messages, as before the relay.
     .venv/bin/python benchmarks/bench_flower_round.py --tiny --rounds 3                      # smoke run, ~3 minutes
     .venv/bin/python benchmarks/bench_flower_round.py --set 'sharing={}' --set split.transport=grpc
                                       # the quickstart as FedBERT split learning: turns through Flower / gRPC
+                                      # (a round's turns sent at once; --split-dispatch false: one by one)
 
 The quickstart starts 10 SuperNodes and 10 workers holding MiniLM (~1 GB each): use a machine with the memory.
 Leave ``OMP_NUM_THREADS`` unset: the simulator then trains on every core, and the deployment divides the
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--no-worker", action="store_true", help="train in each ClientApp process (old way)")
     parser.add_argument("--no-relay", action="store_true",
                         help="parameters inside Flower's messages instead of on fedlm's relay")
+    parser.add_argument("--split-dispatch", choices=["auto", "true", "false"], default="auto",
+                        help="split runs: send a round's turns at once (true, auto here) or one message per turn")
     parser.add_argument("--out", default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
     if not flower_binaries_available():
@@ -83,11 +86,13 @@ def main() -> None:
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-flower-"))
     out.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
+    overrides = [*args.set, f"protocol.rounds={args.rounds}"]
     if args.tiny:
         raw, data_dir = tiny_experiment(out)
-        config = validate({**raw, "protocol": {**raw["protocol"], "rounds": args.rounds}})
+        (out / "tiny.yaml").write_text(dump_config(validate(raw)))
+        config = load_config(out / "tiny.yaml", overrides)
     else:
-        config = load_config(args.config, [*args.set, f"protocol.rounds={args.rounds}"])
+        config = load_config(args.config, overrides)
         data_dir = resolve_data_dir(args.data_dir)
     config_path = out / "experiment.yaml"
     config_path.write_text(dump_config(config))
@@ -99,7 +104,7 @@ def main() -> None:
     nodes = [{"partition-id": i, "data-dir": str(data_dir), "worker": not args.no_worker}
              for i in range(num_clients_of(config))]
     run_config = {"config": str(config_path), "data-dir": str(data_dir), "run-dir": str(out / "flower" / "run"),
-                  "node-wait-s": 120.0, "secure-aggregation": args.secure}
+                  "node-wait-s": 120.0, "secure-aggregation": args.secure, "split-dispatch": args.split_dispatch}
     relay = not (args.no_relay or args.secure)
     if config.split is not None or relay:  # the trunk's / relay's TLS files and each node's token
         trunk, tokens = trunk_credentials(out / "trunk", [int(node["partition-id"]) for node in nodes])
@@ -120,7 +125,7 @@ def main() -> None:
         print(f"{index:>5} {a:12.2f} {b:10.2f} {b / a:7.2f}")
     steady = statistics.mean(flower[1:]) / statistics.mean(sim[1:]) if len(sim) > 1 else float("nan")
     result = {"config": config.name, "rounds": args.rounds, "secure": args.secure, "worker": not args.no_worker,
-              "relay": relay,
+              "relay": relay, "split_dispatch": args.split_dispatch if config.split is not None else None,
               "simulator_round_s": sim, "flower_round_s": flower, "steady_ratio": steady,
               "first_round_ratio": flower[0] / sim[0], "simulator_total_s": sim_s, "flower_total_s": flower_s}
     (out / "bench_flower_round.json").write_text(json.dumps(result, indent=2))

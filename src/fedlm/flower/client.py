@@ -35,6 +35,7 @@ from fedlm.flower.messages import (
     PARTITION_KEY,
     TRUNK_ADDRESS,
     TRUNK_CA,
+    TURN_WAIT,
     codec_from_content,
     config_sha,
     is_relayed,
@@ -176,14 +177,16 @@ class ClientRuntime:
         if node.get("trunk-client-cert"):
             cert = (Path(str(node["trunk-client-cert"])).read_bytes(),
                     Path(str(node["trunk-client-key"])).read_bytes())
+        wait = job.get(TURN_WAIT)
         return ServiceAccess(str(node.get("trunk-address") or job[TRUNK_ADDRESS]), str(token), ca, cert,
-                             float(job.get("timeout-s", 600.0)))
+                             float(job.get("timeout-s", 600.0)), None if wait is None else float(wait))
 
     def trunk_transport(self, content: RecordDict, context: Context, prep: Prepared, own: int) -> GrpcTransport:
         """A TLS session with the server's trunk (``service_access``)."""
         access = self.service_access(content, context, own)
         return GrpcTransport(access.address, str(own), access.token, root_cert_pem=access.ca,
                              client_cert=access.client_cert, timeout_s=access.timeout_s,
+                             first_timeout_s=access.turn_wait_s,
                              wire_dtype=WIRE_DTYPES[prep.config.split.activation_dtype])
 
     def relay_client(self, content: RecordDict, context: Context, own: int) -> RelayClient:
@@ -199,6 +202,7 @@ class ServiceAccess:
     ca: bytes
     client_cert: tuple[bytes, bytes] | None
     timeout_s: float
+    turn_wait_s: float | None = None  # the first trunk answer's wait when a round is sent at once
 
 
 class KeepUpload:

@@ -23,6 +23,7 @@ from fedlm.flower.relay import DIGEST_KEY, from_blob, to_blob
 RAW_STYPE = "torch.raw"  # an Array holding a tensor's raw bytes (bf16, which numpy lacks)
 PARTITION_KEY = "partition-id"  # which fedlm client a SuperNode is: its node config key and the query reply's
 TRUNK_ADDRESS, TRUNK_CA = "trunk-address", "trunk-ca"  # the ServerApp's gRPC service (trunk, relay); its CA
+TURN_WAIT = "turn-wait-s"  # how long a split client may wait for its turn when a round is sent at once
 
 
 def to_array(tensor: torch.Tensor) -> Array:

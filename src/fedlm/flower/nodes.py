@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -125,13 +125,17 @@ class PromptGrid:
         self.grid = grid
         self.poll_s = poll_s
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None,
+                         on_reply: Callable[[Message], None] | None = None) -> list[Message]:
+        """Flower's ``send_and_receive``; ``on_reply`` sees each reply as it arrives."""
         pending = set(self.grid.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while pending:
             arrived = list(self.grid.pull_messages(pending))
             replies.extend(arrived)
+            for reply in arrived if on_reply is not None else ():
+                on_reply(reply)
             pending -= {reply.metadata.reply_to_message_id for reply in arrived}
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break

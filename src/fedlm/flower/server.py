@@ -19,6 +19,7 @@ import torch
 from flwr.app import ConfigRecordValues, Context, Message, MessageType, RecordDict, UserConfigValue
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedlm.config import ExperimentConfig, dump_config, read_yaml, validate
 from fedlm.errors import UserError
@@ -31,6 +32,7 @@ from fedlm.federation.strategies import ClientUpdate
 from fedlm.flower.messages import (
     TRUNK_ADDRESS,
     TRUNK_CA,
+    TURN_WAIT,
     encoded_from_blob,
     encoded_from_records,
     is_relayed,
@@ -45,6 +47,7 @@ from fedlm.run.recorder import slug
 from fedlm.run.single import ExecutorFactory, run_single
 from fedlm.split.grpc import TrunkServer, load_tokens, serve_trunk
 from fedlm.split.trunk import TrunkBackend
+from fedlm.split.turn_gate import TurnGate, TurnHook
 from fedlm.tasks import Task
 
 log = logging.getLogger("fedlm")
@@ -79,9 +82,14 @@ class FlowerExecutor:
         self.relay = relay  # parameters and updates beside the messages (``fedlm.flower.relay``)
         self.owned_server = owned_server  # the relay's own server, stopped with the executor
 
-    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
+    def run(self, jobs: list[ClientJob],
+            on_reply: Callable[[int], None] | None = None) -> list[ClientReport | ClientFailure]:
+        """Each job's result in job order; ``on_reply`` (with a ``PromptGrid``) hears each client id as its
+        reply arrives, or at once for a client no node serves."""
         results, routed = self._route(jobs)
-        results.update(self._exchange(routed, self.wait_s(jobs)))
+        for client_id in results if on_reply is not None else ():
+            on_reply(client_id)
+        results.update(self._exchange(routed, self.wait_s(jobs), on_reply))
         for job in jobs:
             if self.progress is not None:
                 self.progress(job.client_id)
@@ -101,8 +109,8 @@ class FlowerExecutor:
                 routed.append((job, node))
         return results, routed
 
-    def _exchange(self, routed: list[tuple[ClientJob, int]],
-                  wait: float | None) -> dict[int, ClientReport | ClientFailure]:
+    def _exchange(self, routed: list[tuple[ClientJob, int]], wait: float | None,
+                  on_reply: Callable[[int], None] | None = None) -> dict[int, ClientReport | ClientFailure]:
         """One train message per routed job, each client's update read back in the clear."""
         try:
             digests: dict[int, str | None] = {}  # jobs sharing one parameter set share its blob on the relay
@@ -113,7 +121,15 @@ class FlowerExecutor:
                                             digests[id(job.params)]),
                                 dst_node_id=node, message_type=MessageType.TRAIN, ttl=wait, group_id=str(job.round_idx))
                         for job, node in routed]
-            replies = match_replies(messages, self.grid.send_and_receive(messages, timeout=wait)) if messages else {}
+            heard = {}
+            if on_reply is not None:  # only PromptGrid takes it: the deployment's ServerApp always has one
+                def arrived(reply: Message) -> None:
+                    for index in match_replies(messages, [reply]):
+                        on_reply(routed[index][0].client_id)
+
+                heard = {"on_reply": arrived}
+            replies = match_replies(messages, self.grid.send_and_receive(messages, timeout=wait, **heard)) \
+                if messages else {}
             results: dict[int, ClientReport | ClientFailure] = {}
             for index, (job, node) in enumerate(routed):
                 reply = replies.get(index)
@@ -303,23 +319,50 @@ class FlowerSplitClients:
     """Split learning across machines, as ``RemoteClients``: this process serves the trunk over gRPC + TLS,
     and each client turn is one Flower message to the client's node, whose ClientApp trains the client's
     parts against that trunk and replies with them (with ``relay``, the parts travel over the trunk's server
-    beside the messages)."""
+    beside the messages).
+
+    With ``dispatch``, a round whose turns do not depend on each other (client parts averaged, no client
+    deadline) goes out as one message per client at once, and the trunk's turn gate runs the turns in job
+    order (:mod:`fedlm.split.turn_gate`): Flower's per-message latency is paid once a round, not once a turn.
+    It needs every node in its own process (a deployment): in Flower's in-process simulation a node waiting
+    for its turn would hold the only worker."""
 
     def __init__(self, backend: TrunkBackend, codec: Codec, grid: Grid, nodes: NodeDirectory, experiment: str,
                  timeout_s: float | None, service: TrunkService, grace_s: float = DEFAULT_REPLY_GRACE_S,
-                 relay: bool = True) -> None:
+                 relay: bool = True, dispatch: bool = False) -> None:
         blobs = RelayStore(service.tokens) if relay else None
+        self.gate = TurnGate()
+        self.dispatch_rounds = dispatch
         self.server = serve_trunk(backend, service.listen, tokens=service.tokens, tls=(service.cert, service.key),
                                   client_ca_pem=service.client_ca, max_sessions=max(16, nodes.num_clients + 4),
-                                  extra_services=[blobs.handler()] if blobs is not None else [])
-        self.flower = FlowerExecutor(grid, nodes, codec, experiment, timeout_s, extra=service.extra(self.server.port),
-                                     grace_s=grace_s, relay=blobs)
+                                  extra_services=[blobs.handler()] if blobs is not None else [], gate=self.gate)
+        extra = {**service.extra(self.server.port), **({TURN_WAIT: timeout_s} if timeout_s else {})}
+        self.flower = FlowerExecutor(grid, nodes, codec, experiment, timeout_s, extra=extra, grace_s=grace_s,
+                                     relay=blobs)
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
-        return self.flower.run(jobs)
+        """Turns sent one by one (a round of one each): only that client may reach the trunk meanwhile."""
+        return self.dispatch(jobs, _no_hook, _no_hook)
+
+    def dispatches(self, jobs: list[ClientJob]) -> bool:
+        """Whether ``jobs`` go out at once: asked for, and no client deadline (a node's deadline counts from
+        the message's arrival, so waiting for its turn would use it up)."""
+        return self.dispatch_rounds and len(jobs) > 1 and all(job.timeout_s is None for job in jobs)
+
+    def dispatch(self, jobs: list[ClientJob], on_start: TurnHook,
+                 on_end: TurnHook) -> list[ClientReport | ClientFailure]:
+        self.gate.open([str(job.client_id) for job in jobs], on_start, on_end)
+        try:  # a reply ends its client's turn if its session did not (it failed before its turn, or never came)
+            return self.flower.run(jobs, on_reply=lambda client_id: self.gate.end(str(client_id)))
+        finally:
+            self.gate.close()
 
     def close(self) -> None:
         self.server.stop(grace=1.0)
+
+
+def _no_hook(client_id: str) -> None:
+    del client_id  # turns sent one by one: the split executor starts and ends each around the message
 
 
 def _setting(context: Context, key: str, defaults: Mapping[str, UserConfigValue],
@@ -363,6 +406,16 @@ def relay_wanted(context: Context, defaults: Mapping[str, UserConfigValue], conf
     return truthy(value)
 
 
+def dispatch_wanted(context: Context, defaults: Mapping[str, UserConfigValue], grid: Grid) -> bool:
+    """Whether a split round's turns go out at once (run config ``split-dispatch``: ``auto``, the default, does
+    so in a deployment and not in Flower's in-process simulation, where nodes share the simulation's
+    workers and a node waiting for its turn could hold the only one)."""
+    value = str(_setting(context, "split-dispatch", defaults, "auto")).strip().lower()
+    if value not in ("auto", "true", "false", "1", "0", "yes", "no"):
+        raise UserError(f"run config split-dispatch={value!r}: use auto, true or false")
+    return not isinstance(grid, InMemoryGrid) if value == "auto" else truthy(value)
+
+
 def build_server_app(**defaults: UserConfigValue) -> ServerApp:
     """The ServerApp; ``defaults`` (config, data-dir, run-dir, ...) fill run config keys left empty."""
     app = ServerApp()
@@ -392,7 +445,8 @@ def build_server_app(**defaults: UserConfigValue) -> ServerApp:
         split_remote = None
         if config.split is not None:
             split_remote = partial(FlowerSplitClients, grid=grid, nodes=nodes, experiment=experiment,
-                                   timeout_s=timeout_s, service=service, grace_s=grace_s, relay=relay)
+                                   timeout_s=timeout_s, service=service, grace_s=grace_s, relay=relay,
+                                   dispatch=dispatch_wanted(context, defaults, flower_grid))
         resume = truthy(_setting(context, "resume", defaults, False))  # a killed ServerApp, run again
         run_single(config, Path(str(_setting(context, "data-dir", defaults, "."))), Path(str(run_dir)),
                    resume=resume, executor_factory=factory, split_remote=split_remote)

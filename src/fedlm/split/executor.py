@@ -113,25 +113,53 @@ class SplitExecutor:
     def load_trunk(self, params: NamedTensors) -> None:
         load_into(self.server.model, params)
 
-    def turn(self, job: ClientJob) -> Result:
-        self.optimizer_state.start_turn(self.backend)
-        result = self._take(self.clients.turn(job))
-        self._done([job])
-        return result
+    def turns(self, jobs: list[ClientJob]) -> list[Result]:
+        if isinstance(self.clients, RemoteSide) and self.clients.dispatches(jobs):
+            return self._dispatched(jobs)
+        results = []
+        for job in jobs:
+            self._start_turn()
+            results.append(self._take(self.clients.turn(job), self.mode.report_params(self)))
+            self._done([job])
+        return results
 
     def together(self, jobs: list[ClientJob]) -> list[Result]:
         self.optimizer_state.start_turn(self.backend)
-        results = [self._take(result) for result in self.clients.together(jobs)]
+        together = self.clients.together(jobs)
+        trunk = self.mode.report_params(self)
+        results = [self._take(result, trunk) for result in together]
         self._done(jobs)
         return results
 
-    def _take(self, result: Result) -> Result:
+    def _start_turn(self) -> None:
+        self.mode.start_turn(self)
+        self.optimizer_state.start_turn(self.backend)
+
+    def _dispatched(self, jobs: list[ClientJob]) -> list[Result]:
+        """The round's jobs sent at once; the trunk's turn gate runs the turns in job order, starting and
+        ending each as :meth:`turns` does (:mod:`fedlm.split.turn_gate`)."""
+        trunks: dict[str, NamedTensors] = {}
+
+        def on_end(client_id: str) -> None:
+            trunks[client_id] = self.mode.report_params(self)
+
+        results = self.clients.dispatch(jobs, lambda client_id: self._start_turn(), on_end)
+        taken = []
+        for job, result in zip(jobs, results, strict=True):
+            trunk = trunks.get(str(job.client_id))
+            if trunk is None and isinstance(result, ClientReport):  # reported without its turn on the trunk
+                result = ClientFailure(job.client_id, "its report came back, but its turn never ran on the trunk")
+            taken.append(self._take(result, trunk or {}))
+        self._done(jobs)
+        return taken
+
+    def _take(self, result: Result, trunk: NamedTensors) -> Result:
         """A client's upload, as its report carries it into the average: its shared parts unless the policy
-        hands them on, plus what of the trunk the mode averages."""
+        hands them on, plus what of the trunk the mode averages (``trunk``, taken right after its turn)."""
         if not isinstance(result, ClientReport):
             return result
         params = self.policy.take(dict(result.update.params))
-        params.update(self.mode.report_params(self))
+        params.update(trunk)
         return dataclasses.replace(result, update=dataclasses.replace(result.update, params=params))
 
     def _done(self, jobs: list[ClientJob]) -> None:

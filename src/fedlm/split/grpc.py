@@ -46,6 +46,7 @@ from fedlm.split.trunk import (
     TrunkBackend,
     handle_request,
 )
+from fedlm.split.turn_gate import TurnGate
 
 __all__ = [
     "SESSION_METHOD",
@@ -121,12 +122,14 @@ class _TrunkService:
     """One ``Session`` call per connected client: authenticate, then answer messages in order."""
 
     def __init__(
-        self, backend: TrunkBackend, tokens: Mapping[str, str], stream_timeout_s: float, hook: MessageHook | None
+        self, backend: TrunkBackend, tokens: Mapping[str, str], stream_timeout_s: float, hook: MessageHook | None,
+        gate: TurnGate | None = None,
     ) -> None:
         self._backend = backend
         self._tokens = dict(tokens)
         self._stream_timeout_s = stream_timeout_s
         self._hook = hook
+        self._gate = gate
 
     def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         client_id = authenticate(context, self._tokens, "trunk")
@@ -134,14 +137,23 @@ class _TrunkService:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown client id or bad token")
         log.info("trunk: session of client %s opened from %s", client_id, context.peer())
         idle = self._idle_timer(context, client_id)
+        admitted = False
         try:
             for request in requests:
                 idle.cancel()
+                if self._gate is not None:  # the first message waits for this client's turn; later ones need it
+                    admitted = self._gate.holds(client_id) if admitted else self._gate.admit(client_id)
+                    if not admitted:
+                        yield pack_envelope("error", -1, client_id, error="not this client's turn: it is not in "
+                                            "the round, its turn has passed, or the round has ended")
+                        return
                 yield self._answer(client_id, request)
                 idle = self._idle_timer(context, client_id)
         finally:
             idle.cancel()
             self._backend.drop(client_id)
+            if self._gate is not None:
+                self._gate.end(client_id)
             log.info("trunk: session of client %s closed", client_id)
 
     def _idle_timer(self, context: grpc.ServicerContext, client_id: str) -> threading.Timer:
@@ -198,13 +210,16 @@ def serve_trunk(
     max_sessions: int = 16,
     hook: MessageHook | None = None,
     extra_services: Sequence[grpc.GenericRpcHandler] = (),
+    gate: TurnGate | None = None,
 ) -> TrunkServer:
     """Serve ``backend`` at ``address``; ``tls`` is (cert PEM, key PEM), ``client_ca_pem`` demands client
     certificates signed by that CA. A session idle for ``stream_timeout_s`` is closed and its pending
     forwards dropped; beyond ``max_sessions`` concurrent sessions, new ones get RESOURCE_EXHAUSTED.
     ``max_message_bytes`` defaults to the largest message the backend's limits admit (at most 64 MiB), so
     an oversized message is refused by gRPC before it is read into memory. ``extra_services`` are served
-    on the same port (the Flower deployment's parameter relay)."""
+    on the same port (the Flower deployment's parameter relay). ``gate``, if given, admits only the open
+    round's clients, one at a time in job order (:mod:`fedlm.split.turn_gate`); without it every
+    authenticated session is served as it comes (the simulator's loopback, ``fedlm trunk serve``)."""
     if not tokens:
         raise ValueError("serve_trunk needs at least one client id -> token")
     if max_message_bytes is None:
@@ -212,7 +227,7 @@ def serve_trunk(
         max_message_bytes = min(admitted or DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES)
     if extra_services:  # their messages (the relay's chunks) need not fit the boundary's limit
         max_message_bytes = max(max_message_bytes, SERVICE_MESSAGE_BYTES)
-    service = _TrunkService(backend, tokens, stream_timeout_s, hook)
+    service = _TrunkService(backend, tokens, stream_timeout_s, hook, gate)
     handler = grpc.stream_stream_rpc_method_handler(service.session)
     handlers = (grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}), *extra_services)
     server, port = start_server(address, handlers, tls, client_ca_pem, max_sessions, max_message_bytes)
@@ -286,7 +301,9 @@ def open_channel(address: str, root_cert_pem: bytes | None, client_cert: tuple[b
 
 
 class GrpcTransport(ClientSide):
-    """A client's session with a remote trunk: each ``forward``/``backward`` waits at most ``timeout_s``.
+    """A client's session with a remote trunk: each ``forward``/``backward`` waits at most ``timeout_s``, the
+    first at most ``first_timeout_s`` (default ``timeout_s``): in a round sent at once, the first answer comes
+    only once the turns before this client's have ended (:mod:`fedlm.split.turn_gate`).
 
     ``wire_dtype`` (float16 / bfloat16) sends activations and gradients at 16 bits, halving the boundary's
     bytes; the trunk computes in its own precision and answers in the one it was asked in.
@@ -306,12 +323,14 @@ class GrpcTransport(ClientSide):
         client_cert: tuple[bytes, bytes] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         timeout_s: float = 60.0,
+        first_timeout_s: float | None = None,
         hook: MessageHook | None = None,
         wire_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__(client_id, hook, wire_dtype)
         self.address = address
         self._timeout_s = timeout_s
+        self._next_timeout_s = timeout_s if first_timeout_s is None else max(timeout_s, first_timeout_s)
         self._channel = open_channel(address, root_cert_pem, client_cert, max_message_bytes)
         self._requests: queue.Queue[bytes | None] = queue.Queue()
         self._answers: queue.Queue[bytes | TransportError] = queue.Queue()
@@ -334,10 +353,11 @@ class GrpcTransport(ClientSide):
         if self._failure is not None:
             raise self._failure
         self._requests.put(pack_envelope(kind, step, self.client_id, payload))
+        timeout_s, self._next_timeout_s = self._next_timeout_s, self._timeout_s
         try:
-            answer = self._answers.get(timeout=self._timeout_s)
+            answer = self._answers.get(timeout=timeout_s)
         except queue.Empty:
-            answer = TransportError(f"no answer from the trunk server at {self.address} within {self._timeout_s}s")
+            answer = TransportError(f"no answer from the trunk server at {self.address} within {timeout_s:g}s")
             self._stream.cancel()
         if isinstance(answer, TransportError):
             self._failure = answer

@@ -39,8 +39,9 @@ class Round(Protocol):
 
     def load_trunk(self, params: NamedTensors) -> None: ...
 
-    def turn(self, job: ClientJob) -> Result:
-        """One client trains against the trunk alone; its report is taken in before the next turn."""
+    def turns(self, jobs: list[ClientJob]) -> list[Result]:
+        """The clients train against the trunk alone, one after another in job order, each turn started by
+        the mode's :meth:`TrunkMode.start_turn` and its report taken in before the next turn."""
         ...
 
     def together(self, jobs: list[ClientJob]) -> list[Result]:
@@ -64,6 +65,10 @@ class TrunkMode(abc.ABC):
     def run(self, jobs: list[ClientJob], round: Round) -> list[Result]:
         """The round's client turns, one result per job, in job order."""
 
+    def start_turn(self, round: Round) -> None:
+        """A client's turn alone against the trunk begins."""
+        del round  # one trunk: it goes on from where the last turn left it
+
     def report_params(self, round: Round) -> NamedTensors:
         """What of the trunk a report carries into FedAvg's average, right after its client's turn."""
         return {}
@@ -79,7 +84,7 @@ class Sequential(TrunkMode):
     serves_alone = True
 
     def run(self, jobs: list[ClientJob], round: Round) -> list[Result]:
-        return [round.turn(job) for job in jobs]
+        return round.turns(jobs)
 
 
 class Parallel(TrunkMode):
@@ -100,11 +105,10 @@ class Parallel(TrunkMode):
         self._start = trunk
 
     def run(self, jobs: list[ClientJob], round: Round) -> list[Result]:
-        results = []
-        for job in jobs:
-            round.load_trunk(self._start)  # this client's own copy of the round's trunk
-            results.append(round.turn(job))
-        return results
+        return round.turns(jobs)
+
+    def start_turn(self, round: Round) -> None:
+        round.load_trunk(self._start)  # this client's own copy of the round's trunk
 
     def report_params(self, round: Round) -> NamedTensors:
         return round.trunk()

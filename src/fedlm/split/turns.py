@@ -36,6 +36,7 @@ from fedlm.split.optimizer_state import OptimizerState
 from fedlm.split.parts import ClientParts, SplitParts, client_copy
 from fedlm.split.transport import InProcessConnections, Transport
 from fedlm.split.trunk import MessageHook, TrunkBackend
+from fedlm.split.turn_gate import TurnHook
 from fedlm.tasks import Task
 
 Result = ClientReport | ClientFailure
@@ -60,6 +61,15 @@ class RemoteClients(Protocol):
     against this process's trunk over gRPC and answers with its shared parts and boundary byte counts."""
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]: ...
+
+    def dispatches(self, jobs: list[ClientJob]) -> bool:
+        """Whether ``jobs``, turns that do not depend on each other, can be sent at once (:meth:`dispatch`)."""
+        ...
+
+    def dispatch(self, jobs: list[ClientJob], on_start: TurnHook, on_end: TurnHook) -> list[Result]:
+        """Every job sent at once, the trunk admitting the clients one at a time in job order and calling
+        ``on_start`` / ``on_end`` with the client id as each turn begins and ends (:mod:`fedlm.split.turn_gate`)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -187,6 +197,14 @@ class RemoteSide:
 
     def turn(self, job: ClientJob) -> Result:
         return self.together([job])[0]
+
+    def dispatches(self, jobs: list[ClientJob]) -> bool:
+        return not self.policy.relays and self.remote.dispatches(jobs)
+
+    def dispatch(self, jobs: list[ClientJob], on_start: TurnHook, on_end: TurnHook) -> list[Result]:
+        """The round's turns sent at once (none depends on another's parts: nothing is relayed)."""
+        results = self.remote.dispatch(jobs, on_start, on_end)
+        return [_boundary_counted(r) if isinstance(r, ClientReport) else r for r in results]
 
     def together(self, jobs: list[ClientJob]) -> list[Result]:
         relayed = self.policy.relayed()
