@@ -224,8 +224,10 @@ class SecureFlowerExecutor(FlowerExecutor):
         super().__init__(grid, nodes, codec, experiment, **kwargs)
         self.secure = SecureAggregation(grid, settings, client_sizes, self._error_reason)
 
-    def _exchange(self, routed: list[tuple[ClientJob, int]],
-                  wait: float | None) -> dict[int, ClientReport | ClientFailure]:
+    def _exchange(self, routed: list[tuple[ClientJob, int]], wait: float | None,
+                  on_reply: Callable[[int], None] | None = None) -> dict[int, ClientReport | ClientFailure]:
+        if on_reply is not None:  # only split rounds listen for replies, and they refuse secure aggregation
+            raise ValueError("secure aggregation's four exchanges have no per-reply hook")
         if any(job.frozen for job, _ in routed):
             raise UserError(FREEZE_REFUSAL)
         return self.secure.run(routed, self.codec, self.experiment, self.extra, wait)
