@@ -79,6 +79,9 @@ def main() -> None:
                         help="parameters inside Flower's messages instead of on fedlm's relay")
     parser.add_argument("--split-dispatch", choices=["auto", "true", "false"], default="auto",
                         help="split runs: send a round's turns at once (true, auto here) or one message per turn")
+    parser.add_argument("--node-threads", type=int, default=None,
+                        help="each node worker's torch threads (default: the cores divided among the nodes; a split "
+                             "round sent at once trains one node at a time, so it can give each node every core)")
     parser.add_argument("--out", default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
     if not flower_binaries_available():
@@ -101,7 +104,8 @@ def main() -> None:
     run_single(config, data_dir, out / "sim")
     sim_s = time.perf_counter() - started
 
-    nodes = [{"partition-id": i, "data-dir": str(data_dir), "worker": not args.no_worker}
+    nodes = [{"partition-id": i, "data-dir": str(data_dir), "worker": not args.no_worker,
+              **({"threads": args.node_threads} if args.node_threads else {})}
              for i in range(num_clients_of(config))]
     run_config = {"config": str(config_path), "data-dir": str(data_dir), "run-dir": str(out / "flower" / "run"),
                   "node-wait-s": 120.0, "secure-aggregation": args.secure, "split-dispatch": args.split_dispatch}
