@@ -47,7 +47,7 @@ from fedlm.run.recorder import slug
 from fedlm.run.single import ExecutorFactory, run_single
 from fedlm.split.grpc import TrunkServer, load_tokens, serve_trunk
 from fedlm.split.trunk import TrunkBackend
-from fedlm.split.turn_gate import TurnGate, TurnHook
+from fedlm.split.turn_gate import TurnGate, TurnHook, no_turn_hook
 from fedlm.tasks import Task
 
 log = logging.getLogger("fedlm")
@@ -344,7 +344,7 @@ class FlowerSplitClients:
 
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         """Turns sent one by one (a round of one each): only that client may reach the trunk meanwhile."""
-        return self.dispatch(jobs, _no_hook, _no_hook)
+        return self.dispatch(jobs, no_turn_hook, no_turn_hook)
 
     def dispatches(self, jobs: list[ClientJob]) -> bool:
         """Whether ``jobs`` go out at once: asked for, and no client deadline (a node's deadline counts from
@@ -361,10 +361,6 @@ class FlowerSplitClients:
 
     def close(self) -> None:
         self.server.stop(grace=1.0)
-
-
-def _no_hook(client_id: str) -> None:
-    del client_id  # turns sent one by one: the split executor starts and ends each around the message
 
 
 def _setting(context: Context, key: str, defaults: Mapping[str, UserConfigValue],

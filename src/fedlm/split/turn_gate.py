@@ -37,8 +37,8 @@ class TurnGate:
         self._next = 0  # index in _order of the turn running or due
         self._ended: set[str] = set()  # clients that ended before their turn came
         self._running: str | None = None
-        self._on_start: TurnHook = _nothing
-        self._on_end: TurnHook = _nothing
+        self._on_start: TurnHook = no_turn_hook
+        self._on_end: TurnHook = no_turn_hook
         self._open = False
 
     def open(self, order: list[str], on_start: TurnHook, on_end: TurnHook) -> None:
@@ -105,5 +105,6 @@ class TurnGate:
         self._changed.notify_all()
 
 
-def _nothing(client_id: str) -> None:
+def no_turn_hook(client_id: str) -> None:
+    """Nothing to do as a turn starts or ends (turns sent one by one: the split executor does it around each)."""
     del client_id

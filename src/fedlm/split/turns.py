@@ -203,21 +203,25 @@ class RemoteSide:
 
     def dispatch(self, jobs: list[ClientJob], on_start: TurnHook, on_end: TurnHook) -> list[Result]:
         """The round's turns sent at once (none depends on another's parts: nothing is relayed)."""
-        results = self.remote.dispatch(jobs, on_start, on_end)
-        return [_boundary_counted(r) if isinstance(r, ClientReport) else r for r in results]
+        return _boundary_counted(self.remote.dispatch(jobs, on_start, on_end))
 
     def together(self, jobs: list[ClientJob]) -> list[Result]:
         relayed = self.policy.relayed()
         if relayed is not None:
             encoded = self.codec.encode(relayed)
             jobs = [dataclasses.replace(job, params=encoded) for job in jobs]
-        return [_boundary_counted(r) if isinstance(r, ClientReport) else r for r in self.remote.run(jobs)]
+        return _boundary_counted(self.remote.run(jobs))
 
     def close(self) -> None:
         self.remote.close()
 
 
-def _boundary_counted(report: ClientReport) -> ClientReport:
+def _boundary_counted(results: list[Result]) -> list[Result]:
+    """Each report with its boundary's byte counts moved from its metrics to the report; failures as they are."""
+    return [_report_counted(r) if isinstance(r, ClientReport) else r for r in results]
+
+
+def _report_counted(report: ClientReport) -> ClientReport:
     metrics = dict(report.update.metrics)
     boundary_up, boundary_down = int(metrics.pop(BOUNDARY_UP, 0)), int(metrics.pop(BOUNDARY_DOWN, 0))
     update = dataclasses.replace(report.update, params=dict(report.update.params), metrics=metrics)
