@@ -33,8 +33,12 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
+
+import psutil
 
 from fedlm.config import dump_config, load_config, validate
 from fedlm.data.sources import resolve_data_dir
@@ -61,6 +65,56 @@ def tiny_experiment(folder: Path) -> tuple[dict, Path]:
     return raw, data
 
 
+# process kinds of a local deployment, by a word of their command line (the first match wins)
+KINDS = (("flower-superlink", "SuperLink"), ("flower-supernode", "SuperNodes"), ("flower-superexec", "SuperExecs"),
+         ("flwr-clientapp", "ClientApp processes"), ("flwr-serverapp", "ServerApp (trunk, relay)"),
+         ("fedlm.flower.worker", "node workers"), ("flwr", "flwr CLI"))
+
+
+class CpuByKind(threading.Thread):
+    """CPU seconds per process kind and round, sampled every ``interval_s`` from every process on the machine.
+
+    The round is the one ``run_dir``'s metrics.jsonl has not yet recorded; processes that are none of ``KINDS``
+    (this script, other jobs) count as "other". A process started after the monitor counts from its start; one
+    that ends between two samples loses its last interval (ClientApp processes: at most ``interval_s`` each), so
+    the figures are slight underestimates."""
+
+    def __init__(self, run_dir: Path, interval_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.run_dir, self.interval_s = run_dir, interval_s
+        self.cpu: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # round -> kind -> s
+        self._last: dict[int, float] = {}
+        self._done = threading.Event()
+        self._since = time.time()
+
+    def _round(self) -> int:
+        path = self.run_dir / "metrics.jsonl"
+        return 1 + sum(1 for line in path.read_text().splitlines() if '"round": 0' not in line) if path.is_file() else 0
+
+    def _sample(self) -> None:
+        current = self._round()
+        seen = {}
+        for process in psutil.process_iter(["pid", "cmdline", "cpu_times", "create_time"]):
+            times, command = process.info["cpu_times"], " ".join(process.info["cmdline"] or [])
+            if times is None:
+                continue
+            seen[process.pid] = used = times.user + times.system
+            kind = next((name for word, name in KINDS if word in command), "other")
+            new = 0.0 if (process.info["create_time"] or 0) >= self._since else used
+            self.cpu[current][kind] += used - self._last.get(process.pid, new)
+        self._last = seen
+
+    def run(self) -> None:
+        self._sample()
+        while not self._done.wait(self.interval_s):
+            self._sample()
+
+    def stop(self) -> dict[int, dict[str, float]]:
+        self._done.set()
+        self.join()
+        return {r: dict(kinds) for r, kinds in sorted(self.cpu.items())}
+
+
 def round_times(run_dir: Path) -> list[float]:
     return [r["wall_s"] for r in read_metrics(run_dir) if r.get("round", 0) >= 1 and "wall_s" in r]
 
@@ -82,6 +136,8 @@ def main() -> None:
     parser.add_argument("--node-threads", type=int, default=None,
                         help="each node worker's torch threads (default: the cores divided among the nodes; a split "
                              "round sent at once trains one node at a time, so it can give each node every core)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also record CPU seconds per process kind and round (SuperNodes, workers, ServerApp, ...)")
     parser.add_argument("--out", default=None, help="work folder (default: a temporary one)")
     args = parser.parse_args()
     if not flower_binaries_available():
@@ -100,9 +156,9 @@ def main() -> None:
     config_path = out / "experiment.yaml"
     config_path.write_text(dump_config(config))
 
-    started = time.perf_counter()
+    started, sim_cpu = time.perf_counter(), time.process_time()
     run_single(config, data_dir, out / "sim")
-    sim_s = time.perf_counter() - started
+    sim_s, sim_cpu = time.perf_counter() - started, time.process_time() - sim_cpu
 
     nodes = [{"partition-id": i, "data-dir": str(data_dir), "worker": not args.no_worker,
               **({"threads": args.node_threads} if args.node_threads else {})}
@@ -115,10 +171,14 @@ def main() -> None:
         run_config.update({**trunk, "relay": str(relay).lower()})
         for node in nodes:
             node["trunk-token"] = tokens[int(node["partition-id"])]
+    monitor = CpuByKind(out / "flower" / "run") if args.cpu else None
+    if monitor:
+        monitor.start()
     started = time.perf_counter()
     with LocalDeployment(out / "flower", nodes) as deployment:
         status = deployment.run(run_config, timeout_s=24 * 3600)
     flower_s = time.perf_counter() - started
+    cpu = monitor.stop() if monitor else {}
 
     sim, flower = round_times(out / "sim"), round_times(out / "flower" / "run")
     if status != 0 or len(flower) != len(sim):  # flwr run --stream exits 0 when the ServerApp raised
@@ -131,8 +191,16 @@ def main() -> None:
     result = {"config": config.name, "rounds": args.rounds, "secure": args.secure, "worker": not args.no_worker,
               "relay": relay, "split_dispatch": args.split_dispatch if config.split is not None else None,
               "simulator_round_s": sim, "flower_round_s": flower, "steady_ratio": steady,
-              "first_round_ratio": flower[0] / sim[0], "simulator_total_s": sim_s, "flower_total_s": flower_s}
+              "first_round_ratio": flower[0] / sim[0], "simulator_total_s": sim_s, "flower_total_s": flower_s,
+              "simulator_cpu_s": sim_cpu, "flower_cpu_s_by_round_and_kind": cpu}
     (out / "bench_flower_round.json").write_text(json.dumps(result, indent=2))
+    if cpu:
+        print(f"CPU seconds (the simulator: {sim_cpu:.0f} s in all, its {len(sim)} rounds and setup)")
+        for index, kinds in cpu.items():
+            if 1 <= index <= len(flower):
+                top = sorted(kinds.items(), key=lambda kv: -kv[1])
+                print(f"  Flower round {index}: {sum(kinds.values()):.0f} s: "
+                      + ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in top))
     verdict = "PASS" if steady <= 1.2 else "FAIL"
     print(f"rounds 2..{args.rounds}: flower / simulator = {steady:.2f} (target <= 1.2: {verdict}); "
           f"whole runs {flower_s:.0f} s vs {sim_s:.0f} s; details in {out / 'bench_flower_round.json'}")

@@ -18,9 +18,10 @@ from fedlm.run.recorder import read_metrics
 from fedlm.run.report import summarize
 from fedlm.run.seeds import SeedStats, overlap
 
-DAPT_SETTINGS = ["original model", "centralized DAPT", "FDAPT 2 clients iid", "FFDAPT 2 clients iid",
-                 "FDAPT 2 clients quantity", "FDAPT 2 clients length", "FDAPT 2 clients vocabulary",
-                 "FDAPT 8 clients iid", "FFDAPT 2 clients quantity", "general-text control"]
+SKEWS = ("iid", "quantity", "length", "vocabulary")
+DAPT_SETTINGS = ["original model", "centralized DAPT",
+                 *(f"{method} {n} clients {skew}" for n in (2, 8) for method in ("FDAPT", "FFDAPT") for skew in SKEWS),
+                 "general-text control"]
 CONTROL = "general-text control"  # the original model + centralized MLM on ~as many wikitext-2 tokens (root/control)
 
 
@@ -30,9 +31,11 @@ def tags_of(run_dir: Path) -> tuple[dict, int]:
 
 
 def dapt_runs(root: Path) -> dict[str, list[dict]]:
-    """Setting label -> metrics records of its finished pre-training run (recipes/fdapt.yaml)."""
+    """Setting label -> metrics records of its finished pre-training run (recipes/fdapt.yaml, under any name
+    starting with fdapt: fdapt, fdapt8, fdapt-ffskew, ...)."""
     runs = {}
-    for run_dir in sorted([*(root / "fdapt").glob("*/"), *(root / "control" / "fdapt").glob("*/")]):
+    grids = [grid for grid in [*root.glob("fdapt*/"), root / "control" / "fdapt"] if (grid / "grid.yaml").is_file()]
+    for run_dir in sorted(run_dir for grid in grids for run_dir in grid.glob("*/")):
         if (run_dir / "model").is_dir():
             runs[tags_of(run_dir)[0]["setting"]] = read_metrics(run_dir)
     return runs
@@ -107,6 +110,20 @@ def main_table(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float
     print()
 
 
+def paired(ner: dict[str, list[tuple[int, float]]], label: str, base: str) -> str:
+    """NER F1 of ``label`` minus ``base`` on the same seeds, in F1 points: mean [95% t-interval] and a word
+    ('better' / 'worse' only where the interval excludes 0)."""
+    mine, theirs = dict(ner.get(label, [])), dict(ner.get(base, []))
+    diffs = [100 * (mine[s] - theirs[s]) for s in sorted(mine) if s in theirs]
+    if label == base or not diffs:
+        return "-"
+    mean, _, half = mean_interval(diffs)
+    if math.isnan(half):
+        return f"{mean:+.1f} (1 seed)"
+    word = "better" if mean - half > 0 else "worse" if mean + half < 0 else "within noise"
+    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}] {word} ({len(diffs)} seeds)"
+
+
 def paired_table(ner: dict[str, list[tuple[int, float]]]) -> None:
     """NER F1 differences on the same seed (same subsample, data order and head initialisation), in F1 points:
     mean [95% t-interval] over the seeds both settings have; 'better' / 'worse' only where it excludes 0."""
@@ -114,22 +131,35 @@ def paired_table(ner: dict[str, list[tuple[int, float]]]) -> None:
     print("| F1 points, row minus column | " + " | ".join(f"vs {b}" for b in bases) + " |")
     print("|---|" + "---|" * len(bases))
     for label in DAPT_SETTINGS[1:]:
-        if label not in ner:
-            continue
-        cells = []
-        for base in bases:
-            mine, theirs = dict(ner[label]), dict(ner[base])
-            diffs = [100 * (mine[s] - theirs[s]) for s in sorted(mine) if s in theirs]
-            if base == label or not diffs:
-                cells.append("-")
-                continue
-            mean, _, half = mean_interval(diffs)
-            if math.isnan(half):
-                cells.append(f"{mean:+.1f} (1 seed)")
-                continue
-            word = "better" if mean - half > 0 else "worse" if mean + half < 0 else "within noise"
-            cells.append(f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}] {word} ({len(diffs)} seeds)")
-        print(f"| {label} | " + " | ".join(cells) + " |")
+        if label in ner:
+            print(f"| {label} | " + " | ".join(paired(ner, label, base) for base in bases) + " |")
+    print()
+
+
+def skews_table(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float]]]) -> None:
+    """Targets T4 and T5 in every setting: FFDAPT against FDAPT of the same skew and client count, and each skew
+    against IID of the same method and count (final perplexity change; NER F1 paired by seed)."""
+    final = {k: summarize(v, "perplexity", "min")["final perplexity"] for k, v in dapt.items()}
+
+    def ppl_change(label: str, base: str) -> str:
+        if label not in final or base not in final:
+            return "-"
+        return f"{final[label]:.1f} vs {final[base]:.1f} ({100 * (final[label] - final[base]) / final[base]:+.1f}%)"
+
+    print("| clients, skew | T5 FFDAPT vs FDAPT: perplexity | T5: NER F1 points | T4 FDAPT skew vs iid: "
+          "perplexity | T4: NER | T4 FFDAPT skew vs iid: perplexity | T4: NER |")
+    print("|---|---|---|---|---|---|---|")
+    for n in (2, 8):
+        for skew in SKEWS:
+            fd, ff = f"FDAPT {n} clients {skew}", f"FFDAPT {n} clients {skew}"
+            fd_iid, ff_iid = f"FDAPT {n} clients iid", f"FFDAPT {n} clients iid"
+            cells = [ppl_change(ff, fd), paired(ner, ff, fd)]
+            if skew == "iid":
+                cells += ["-"] * 4
+            else:
+                cells += [ppl_change(fd, fd_iid), paired(ner, fd, fd_iid), ppl_change(ff, ff_iid),
+                          paired(ner, ff, ff_iid)]
+            print(f"| {n}, {skew} | " + " | ".join(cells) + " |")
     print()
 
 
@@ -166,16 +196,21 @@ def plot(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float]]], p
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label in DAPT_SETTINGS[:-1]:  # the control's perplexity is on wikitext-2: not on this axis
-        records = [r for r in dapt.get(label, []) if r.get("test_perplexity") is not None]
-        if len(records) > 1:
-            style = "--" if label.startswith("FFDAPT") else "-"
-            left.plot([r["round"] for r in records], [r["test_perplexity"] for r in records], style, label=label)
-    left.set_xlabel("round (centralized: epoch)")
-    left.set_ylabel("MLM perplexity, held-out biomedical abstracts")
-    left.set_title("Domain-adaptive pre-training")
-    left.legend(fontsize=7)
+    fig, (two, eight, right) = plt.subplots(1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [1, 1, 1.4]})
+    for axes, clients in ((two, "2 clients"), (eight, "8 clients")):
+        for label in DAPT_SETTINGS[:-1]:  # the control's perplexity is on wikitext-2: not on this axis
+            if clients not in label and label not in ("original model", "centralized DAPT"):
+                continue
+            records = [r for r in dapt.get(label, []) if r.get("test_perplexity") is not None]
+            if len(records) > 1:
+                style = "--" if label.startswith("FFDAPT") else "-"  # FDAPT and FFDAPT of one skew: one colour
+                color = next((f"C{i + 1}" for i, skew in enumerate(SKEWS) if label.endswith(skew)), "C0")
+                axes.plot([r["round"] for r in records], [r["test_perplexity"] for r in records], style, color=color,
+                          label=label)
+        axes.set_xlabel("round (centralized: epoch)")
+        axes.set_ylabel("MLM perplexity, held-out biomedical abstracts")
+        axes.set_title(f"Domain-adaptive pre-training, {clients}")
+        axes.legend(fontsize=7)
     labels = [k for k in DAPT_SETTINGS if k in ner]
     for i, label in enumerate(labels):
         values = [s for _, s in ner[label]]
@@ -201,6 +236,7 @@ def main() -> None:
     general_text_table(args.root, dapt)
     main_table(dapt, ner)
     paired_table(ner)
+    skews_table(dapt, ner)
     verdicts(dapt, ner)
     if args.plot:
         plot(dapt, ner, args.plot)
