@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -67,6 +71,24 @@ def test_tokenizer_training_is_deterministic(family):
     first = build_tokenizer(None, family, SENTENCES, 300)
     second = build_tokenizer(None, family, iter(SENTENCES), 300)
     assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
+
+
+def test_unigram_tokenizer_is_the_same_in_every_process():
+    """The unigram trainer appends the characters pruning dropped in hash-set order, which Rust seeds afresh per
+    process: every process must still give every piece the same id (t5's seq2seq runs depend on it)."""
+    rng = random.Random(0)
+    words = " ".join(SENTENCES).split()
+    texts = []  # a few rare characters glued to words: pruning drops the single letters, the trainer re-adds them
+    for _ in range(300):
+        line = [rng.choice(words) for _ in range(30)]
+        if rng.random() < 0.3:
+            line[rng.randrange(30)] += rng.choice("XQ8j(q$B[z")
+        texts.append(" ".join(line))
+    script = ("import json, sys; from fedlm.models.tokenizers import train_tokenizer; "
+              "t = train_tokenizer(json.load(sys.stdin), 't5', 200); print(t.backend_tokenizer.to_str())")
+    vocabs = [json.loads(subprocess.run([sys.executable, "-c", script], input=json.dumps(texts), capture_output=True,
+                                        text=True, check=True).stdout)["model"]["vocab"] for _ in range(3)]
+    assert vocabs[0] == vocabs[1] == vocabs[2]
 
 
 def test_tokenizer_cache_reuses_by_content(tmp_path, tokenizers):
