@@ -44,6 +44,15 @@ def _cli(tmp_path, *args):
     return proc.returncode, lines[0]
 
 
+def test_an_output_dir_given_on_the_command_line_holds_the_runs_and_their_cache(tmp_path, tiny_csv, one_thread):
+    raw = _raw(tmp_path, tiny_csv)
+    elsewhere = tmp_path / "elsewhere"
+    run_dir = run_config(validate(raw), tiny_csv, elsewhere)
+    assert run_dir == elsewhere / "keep" and (elsewhere / ".cache").is_dir()
+    assert not (tmp_path / "runs").exists()  # the config's own output_dir is left alone
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["output_dir"] == str(elsewhere)
+
+
 def test_a_failed_rerun_leaves_the_finished_run_as_it_was(tmp_path, tiny_csv, one_thread):
     raw = _raw(tmp_path, tiny_csv)
     run_dir = run_config(validate(raw), tiny_csv)

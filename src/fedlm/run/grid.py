@@ -21,8 +21,11 @@ def run_config(config: ExperimentConfig, data_dir: Path, output_dir: Path | None
                overwrite: bool = False) -> Path:
     """Run a config, or every combination of its grid (under every seed); returns the run (or grid) directory.
     A directory that already holds a run is refused unless ``overwrite`` (then each run replaces its own once
-    it has loaded)."""
-    root = (output_dir or Path(config.output_dir)) / slug(config.name)
+    it has loaded). An ``output_dir`` given here replaces the config's, so the written config says where the
+    runs went and their caches (partitions, tokenizers) go there too."""
+    if output_dir is not None:
+        config = config.model_copy(update={"output_dir": str(output_dir)})
+    root = Path(config.output_dir) / slug(config.name)
     refuse_existing(root, overwrite)
     runs = expand_runs(config)
     if len(runs) == 1 and not runs[0].label:
