@@ -88,6 +88,7 @@ class CpuByKind(threading.Thread):
         self._since = time.time()
 
     def _round(self) -> int:
+        # line by line rather than read_metrics: a record half written when the sampler looks must not stop it
         path = self.run_dir / "metrics.jsonl"
         return 1 + sum(1 for line in path.read_text().splitlines() if '"round": 0' not in line) if path.is_file() else 0
 

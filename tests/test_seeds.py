@@ -21,6 +21,7 @@ from fedlm.run.seeds import (
     aggregate,
     merge_cells,
     overlap,
+    paired_difference,
     seeded_table,
     setting_key,
     setting_label,
@@ -70,6 +71,15 @@ def test_within_noise_exactly_when_the_intervals_overlap(a, b, overlaps):
     if not overlaps:
         assert ("better" if sa.mean > sb.mean else "worse") in line
         assert ("better" if sa.mean < sb.mean else "worse") in verdict("x", sa, "y", sb, "min")
+
+
+def test_paired_difference_by_hand():
+    # diffs 0.02, 0.04, 0.06: mean 0.04, sd 0.02, half-width 4.3027 * 0.02 / sqrt(3) = 0.0497
+    assert paired_difference([0.02, 0.04, 0.06]) == "+0.040 [-0.010, +0.090] within noise (3 seeds)"
+    higher = paired_difference([0.10, 0.12, 0.14], words=("higher", "lower"))
+    assert higher == "+0.120 [+0.070, +0.170] higher (3 seeds)"
+    assert paired_difference([-10.0, -12.0, -14.0], digits=1) == "-12.0 [-17.0, -7.0] worse (3 seeds)"
+    assert paired_difference([0.5]) == "+0.500 (1 seed)" and paired_difference([]) == "-"
 
 
 def test_one_seed_is_never_within_noise():

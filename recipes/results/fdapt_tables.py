@@ -13,10 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from fedlm.metrics import mean_interval
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import summarize
-from fedlm.run.seeds import SeedStats, overlap
+from fedlm.run.seeds import SeedStats, overlap, paired_difference
 
 SKEWS = ("iid", "quantity", "length", "vocabulary")
 DAPT_SETTINGS = ["original model", "centralized DAPT",
@@ -114,17 +113,10 @@ def main_table(dapt: dict[str, list[dict]], ner: dict[str, list[tuple[int, float
 
 
 def paired(ner: dict[str, list[tuple[int, float]]], label: str, base: str) -> str:
-    """NER F1 of ``label`` minus ``base`` on the same seeds, in F1 points: mean [95% t-interval] and a word
-    ('better' / 'worse' only where the interval excludes 0)."""
+    """NER F1 of ``label`` minus ``base`` on the same seeds, in F1 points (``paired_difference``)."""
     mine, theirs = dict(ner.get(label, [])), dict(ner.get(base, []))
     diffs = [100 * (mine[s] - theirs[s]) for s in sorted(mine) if s in theirs]
-    if label == base or not diffs:
-        return "-"
-    mean, _, half = mean_interval(diffs)
-    if math.isnan(half):
-        return f"{mean:+.1f} (1 seed)"
-    word = "better" if mean - half > 0 else "worse" if mean + half < 0 else "within noise"
-    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}] {word} ({len(diffs)} seeds)"
+    return "-" if label == base else paired_difference(diffs, digits=1)
 
 
 def paired_table(ner: dict[str, list[tuple[int, float]]]) -> None:

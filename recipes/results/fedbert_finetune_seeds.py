@@ -11,13 +11,11 @@ whose run directories a machine restart lost (its values are the ones printed th
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
-from fedlm.metrics import mean_interval
 from fedlm.run.downstream import downstream_scores
-from fedlm.run.seeds import SeedStats, overlap
+from fedlm.run.seeds import SeedStats, overlap, paired_difference
 
 # method -> the seed grids holding its seeds 1-2 (FedAvg's seeds ran as two grids)
 GRIDS = {"start (untrained)": ["start"], "Centralized": ["centralized"], "FedAvg": ["fedavg-s1", "fedavg-s2"],
@@ -54,16 +52,10 @@ def all_scores(root: Path, md: Path) -> dict[str, dict[int, dict[str, float]]]:
     return scores
 
 
-def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], key: str) -> tuple[str, float, float]:
-    """a minus b on the seeds both have: 'mean [low, high] word (n seeds)', and the interval's ends."""
+def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], key: str) -> str:
+    """a minus b on the seeds both have (``paired_difference``)."""
     diffs = [a[s][key] - b[s][key] for s in sorted(a) if s in b and key in a[s] and key in b[s]]
-    if not diffs:
-        return "-", math.nan, math.nan
-    mean, _, half = mean_interval(diffs)
-    if math.isnan(half):
-        return f"{mean:+.3f} (1 seed)", math.nan, math.nan
-    word = "higher" if mean - half > 0 else "lower" if mean + half < 0 else "within noise"
-    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] {word} ({len(diffs)} seeds)", mean - half, mean + half
+    return paired_difference(diffs, words=("higher", "lower"))
 
 
 def main(root: Path, md: Path) -> None:
@@ -82,13 +74,13 @@ def main(root: Path, md: Path) -> None:
     print("|---|" + "---|" * len(TASKS))
     for method in GRIDS:
         if method != START and method in scores and START in scores:
-            print(f"| {method} | " + " | ".join(paired(scores[method], scores[START], key)[0] for key, _ in TASKS)
+            print(f"| {method} | " + " | ".join(paired(scores[method], scores[START], key) for key, _ in TASKS)
                   + " |")
     print()
     print("SST-2 probe, Centralized minus each row (same seed):")
     for method in GRIDS:
         if method != "Centralized" and method in scores and "Centralized" in scores:
-            print(f"- vs {method}: {paired(scores['Centralized'], scores[method], PROBE)[0]}")
+            print(f"- vs {method}: {paired(scores['Centralized'], scores[method], PROBE)}")
     print()
     for key, name in TASKS:
         rows = [stats[m][key] for m in GRIDS if m in stats and stats[m][key].n > 1]

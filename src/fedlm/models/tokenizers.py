@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 # Part of the tokenizer cache key: bump when a recipe changes so stale cached tokenizers are not reused.
-RECIPE_VERSION = 2  # 2: unigram's appended characters in a fixed order (_order_appended_characters)
+RECIPE_VERSION = 2  # 2: unigram's appended characters in a fixed order (_canonical_order)
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def _unigram(specials: list[str], vocab_size: int, texts: Sequence[str]) -> Toke
     # orders equal scores in hash-map order: round the scores and renumber the pieces by (score, piece)
     # after the specials, so that the same texts always give the same ids.
     pieces = [(piece, round(score, 9)) for piece, score in json.loads(scratch.to_str())["model"]["vocab"]]
-    rest = _order_appended_characters(sorted((p for p in pieces if p[0] not in specials), key=lambda p: (-p[1], p[0])))
+    rest = _canonical_order([p for p in pieces if p[0] not in specials])
     vocab = [next(p for p in pieces if p[0] == s) for s in specials] + rest
     return _unigram_pipeline(Tokenizer(models.Unigram(vocab, unk_id=specials.index("<unk>"))))
 
@@ -156,25 +156,25 @@ def _unigram(specials: list[str], vocab_size: int, texts: Sequence[str]) -> Toke
 APPENDED_SCORE_STEP = 1e-4  # the unigram trainer's score step between the characters it appends
 
 
-def _order_appended_characters(vocab: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    """The trainer appends the characters that pruning dropped in hash-set order (a new order in every process),
-    scoring them in steps of 1e-4 near the lowest score, so sorting by score keeps that order. Find that block
-    (the longest run of single characters whose scores step by 1e-4) and pair its characters with its scores in
-    sorted order instead; a learned single character tied with one of those scores joins the block, which is
-    harmless (the pairs stay the same multiset)."""
-    scores = sorted({score for piece, score in vocab if len(piece) == 1}, reverse=True)
+def _canonical_order(pieces: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """``pieces`` sorted by (score, piece), after one repair: the trainer appends the characters that pruning
+    dropped in hash-set order (a new order in every process), scoring them in steps of 1e-4 near the lowest
+    score, so their scores follow that order. Find that block (the longest run of single characters whose scores
+    step by 1e-4) and pair its characters with its scores in sorted order; a learned single character tied with
+    one of those scores joins the block, which is harmless (the pairs stay the same multiset)."""
+    scores = sorted({score for piece, score in pieces if len(piece) == 1}, reverse=True)
     best, start = (0, 0), 0
     for end in range(1, len(scores) + 1):
         if end == len(scores) or not math.isclose(scores[end - 1] - scores[end], APPENDED_SCORE_STEP, abs_tol=1e-8):
             best, start = max(best, (start, end - 1), key=lambda run: run[1] - run[0]), end
-    if best[1] == best[0]:
-        return vocab
-    low, high = scores[best[1]], scores[best[0]]
-    in_block = [len(piece) == 1 and low <= score <= high for piece, score in vocab]
-    block = [entry for entry, inside in zip(vocab, in_block, strict=True) if inside]
-    pairs = zip(sorted(piece for piece, _ in block), sorted((score for _, score in block), reverse=True), strict=True)
-    rest = [entry for entry, inside in zip(vocab, in_block, strict=True) if not inside]
-    return sorted([*rest, *pairs], key=lambda entry: (-entry[1], entry[0]))
+    if best[1] > best[0]:
+        low, high = scores[best[1]], scores[best[0]]
+        in_block = [len(piece) == 1 and low <= score <= high for piece, score in pieces]
+        block = [entry for entry, inside in zip(pieces, in_block, strict=True) if inside]
+        rest = [entry for entry, inside in zip(pieces, in_block, strict=True) if not inside]
+        pieces = [*rest, *zip(sorted(piece for piece, _ in block), sorted((score for _, score in block), reverse=True),
+                              strict=True)]
+    return sorted(pieces, key=lambda entry: (-entry[1], entry[0]))
 
 
 def _unigram_pipeline(tokenizer: Tokenizer) -> Tokenizer:

@@ -89,6 +89,18 @@ def verdict(name: str, stats: SeedStats, other_name: str, other: SeedStats, dire
     return f"{name} vs {other_name}: {'better' if better else 'worse'} (95% intervals {shown} are disjoint)"
 
 
+def paired_difference(diffs: Sequence[float], digits: int = 3, words: tuple[str, str] = ("better", "worse")) -> str:
+    """Same-seed differences of two settings as 'mean [low, high] word (n seeds)', the 95% t-interval of their
+    mean: ``words[0]`` where the interval lies above 0, ``words[1]`` where below, else 'within noise'."""
+    if not diffs:
+        return "-"
+    mean, _, half = mean_interval(diffs)
+    if math.isnan(half):
+        return f"{mean:+.{digits}f} (1 seed)"
+    word = words[0] if mean - half > 0 else words[1] if mean + half < 0 else "within noise"
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}] {word} ({len(diffs)} seeds)"
+
+
 def _interval_text(stats: SeedStats) -> str:
     low, high = stats.interval or (math.nan, math.nan)
     return f"[{format_value(low)}, {format_value(high)}]"
