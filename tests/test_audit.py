@@ -152,9 +152,10 @@ def public_text(tmp_path_factory) -> Path:
     return path
 
 
-def _audit(run_dir: Path, data_dir: Path, public_text: Path) -> dict:
+def _audit(run_dir: Path, data_dir: Path, public_text: Path, *extra: str) -> dict:
     code = main(["--data-dir", str(data_dir), "audit", str(run_dir), "--public-text", str(public_text),
-                 "--steps", "60", "--public-sequences", "200", "--client-sequences", "16", "--clients", "0", "1"])
+                 "--steps", "60", "--public-sequences", "200", "--client-sequences", "16", "--clients", "0", "1",
+                 *extra])
     assert code == 0
     assert (run_dir / "audit.md").is_file()
     return json.loads((run_dir / "audit.json").read_text())
@@ -216,3 +217,19 @@ def test_audit_cli_on_a_tiny_split_run(tmp_path, tiny_csv, public_text, one_thre
 def test_audit_cli_refuses_a_directory_without_a_run(tmp_path, capsys):
     assert main(["audit", str(tmp_path)]) != 0
     assert "holds no run" in capsys.readouterr().err
+
+
+def test_the_attack_is_seeded_by_the_run_unless_told(tmp_path, tiny_csv, public_text, one_thread):
+    """A run under seed 3 is attacked under seed 3 (so seeds of a grid give independent attacks), reproducibly;
+    --seed overrides it and draws a different inverter."""
+    raw = tiny_config(tmp_path, tiny_csv, rounds=1)
+    raw["seed"] = 3
+    raw["split"] = {"bottom_blocks": 0, "top_blocks": 0, "client_parts": "local"}
+    run_dir = tmp_path / "split"
+    run_single(validate(raw), tiny_csv, run_dir)
+    barely_trained = ("--steps", "3")  # a fully trained inverter scores 1.0 under any seed on this tiny model
+    runs = [_audit(run_dir, tiny_csv, public_text, *barely_trained)["activation_inversion"] for _ in range(2)]
+    other = _audit(run_dir, tiny_csv, public_text, *barely_trained, "--seed", "0")["activation_inversion"]
+    assert [r["inverter_seed"] for r in (*runs, other)] == [3, 3, 0]
+    assert runs[0]["untrained"] == runs[1]["untrained"]
+    assert other["untrained"] != runs[0]["untrained"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -31,13 +31,15 @@ log = logging.getLogger("fedlm")
 
 @dataclass(frozen=True)
 class InversionSettings:
-    """The attack's budget: public sequences, client sequences attacked, inverter kind and training steps."""
+    """The attack's budget: public sequences, client sequences attacked, inverter kind and training steps; its
+    seed draws the inverter's initialisation, batches and the attacked sequences (None: the run's seed, so a run
+    under several seeds is attacked under as many)."""
 
     public_sequences: int = 2000
     client_sequences: int = 64
     kind: Kind = "transformer"
     steps: int = 300
-    seed: int = 0
+    seed: int | None = None
 
 
 def bottom_is_shared(target: AuditTarget, split: SplitModel) -> bool:
@@ -52,6 +54,8 @@ def activation_audit(target: AuditTarget, public_texts: Sequence[str], client_id
     """Token accuracy and BLEU-4 of the recovered client text, bottom untrained and trained; plus the
     value-level check that no forward message's integer tensor is the token ids."""
     prep, spec = target.prep, target.config.split
+    if settings.seed is None:
+        settings = replace(settings, seed=target.config.seed)
     torch.manual_seed(settings.seed)  # the dropout draws of the recomputed messages
     wire_dtype = WIRE_DTYPES[spec.activation_dtype]
     public_split = split_model(prep.model, spec)
@@ -87,7 +91,8 @@ def activation_audit(target: AuditTarget, public_texts: Sequence[str], client_id
     return {
         "cut": [spec.bottom_blocks, spec.top_blocks],
         "wire_dtype": spec.activation_dtype,
-        "inverter": settings.kind, "inverter_steps": settings.steps, "public_sequences": len(public_set),
+        "inverter": settings.kind, "inverter_steps": settings.steps, "inverter_seed": settings.seed,
+        "public_sequences": len(public_set),
         "attacker_knows_trained_bottom": shared,
         "untrained": _score(public_inverter, untrained, public_set, prep.tokenizer),
         "trained": _score(trained_inverter, trained, public_set, prep.tokenizer),

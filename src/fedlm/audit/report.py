@@ -21,7 +21,8 @@ def markdown(result: dict[str, Any]) -> str:
     inversion = result.get("activation_inversion")
     if inversion is not None:
         lines += [f"## Activation inversion (cut {tuple(inversion['cut'])}, {inversion['inverter']} inverter, "
-                  f"{inversion['inverter_steps']} steps on {inversion['public_sequences']} public sequences)", "",
+                  f"{inversion['inverter_steps']} steps on {inversion['public_sequences']} public sequences, "
+                  f"seed {inversion['inverter_seed']})", "",
                   "| client bottom | sequences | tokens | token accuracy | chance | BLEU-4 |",
                   "|---|---:|---:|---:|---:|---:|"]
         for name in ("untrained", "trained"):

@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--steps", type=int, default=300, help="inversion model training steps (default 300)")
     audit.add_argument("--public-sequences", type=int, default=2000, help="public lines to train it on")
     audit.add_argument("--client-sequences", type=int, default=64, help="training sequences attacked per client")
+    audit.add_argument("--seed", type=int, help="the attack's seed: inverter initialisation, its batches, the attacked "
+                                                "sequences (default: the run's seed)")
 
     trunk = sub.add_parser("trunk", help="split learning: the server's trunk (middle transformer blocks)")
     trunk_sub = trunk.add_subparsers(dest="trunk_command", required=True)
@@ -164,7 +166,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "audit":
         from fedlm.audit import InversionSettings, audit_run
 
-        settings = InversionSettings(args.public_sequences, args.client_sequences, args.inverter, args.steps)
+        settings = InversionSettings(args.public_sequences, args.client_sequences, args.inverter, args.steps, args.seed)
         audit_run(Path(args.run_dir), resolve_data_dir(args.data_dir), clients=args.clients, inversion=settings,
                   public_text=Path(args.public_text) if args.public_text else None)
         print(f"audit: {Path(args.run_dir) / 'audit.md'}")
