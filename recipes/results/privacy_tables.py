@@ -21,6 +21,7 @@ import matplotlib
 import yaml
 
 from fedlm.run.recorder import read_metrics
+from fedlm.run.seeds import SeedStats, paired_difference
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -33,43 +34,96 @@ def run_dirs(roots: list[Path]) -> list[Path]:
     return sorted(p for root in roots for p in root.iterdir() if (p / "metrics.jsonl").is_file())
 
 
-def audit_tables(roots: list[Path]) -> str:
-    """One row per audited run: inversion (untrained / trained bottom) and update leakage."""
-    inv = ["| run | cut | attacker knows the trained bottom | client bottom | token accuracy | chance | BLEU-4 |",
-           "|---|---|---|---|---:|---:|---:|"]
-    leak = ["| run | codec | embeddings sent | recovered rows (mean) | true tokens (mean) | "
-            "precision | recall |", "|---|---|---|---:|---:|---:|---:|"]
-    exposure = ["| run | protocol | parameter tensors received | boundary messages (forward keys) | exposure checks |",
-                "|---|---|---:|---|---|"]
+def audits(roots: list[Path]) -> dict[str, list[dict]]:
+    """target label -> the audit.json of each seed's run (sorted by seed), with 'seed' added."""
+    out: dict[str, list[dict]] = defaultdict(list)
     for run in run_dirs(roots):
         path = run / "audit.json"
-        if not path.is_file():
+        if path.is_file():
+            config = yaml.safe_load((run / "config.yaml").read_text())
+            out[config["tags"].get("target", run.name)].append({**json.loads(path.read_text()), "seed": config["seed"]})
+    return {label: sorted(rows, key=lambda r: r["seed"]) for label, rows in sorted(out.items())}
+
+
+def spread(values: list[float], digits: int = 3) -> str:
+    """'mean ± sd (n seeds)', or the value alone from one seed."""
+    return SeedStats(tuple(values)).fixed(digits).removesuffix(" (1 seed)")
+
+
+def inversion_table(results: dict[str, list[dict]]) -> str:
+    lines = ["| run | cut | attacker knows the trained bottom | client bottom | token accuracy | chance | BLEU-4 | "
+             "per seed: accuracy / BLEU-4 |", "|---|---|---|---|---:|---:|---:|---|"]
+    for label, rows in results.items():
+        rows = [r for r in rows if "activation_inversion" in r]
+        if not rows:
             continue
-        result = json.loads(path.read_text())
-        label = yaml.safe_load((run / "config.yaml").read_text())["tags"].get("target", run.name)
-        a = result.get("activation_inversion")
-        if a is not None:
-            for name in ("untrained", "trained"):
-                row = a[name]
-                inv.append(f"| {label} | ({a['cut'][0]}, {a['cut'][1]}) | {a['attacker_knows_trained_bottom']} | "
-                           f"{name} | {row['token_accuracy']:.3f} | {row['chance_accuracy']:.3f} | "
-                           f"{row['bleu4']:.1f} |")
-        received = result["exposure"]["received"]
+        a = rows[0]["activation_inversion"]
+        for name in ("untrained", "trained"):
+            scores = [r["activation_inversion"][name] for r in rows]
+            per_seed = ", ".join(f"s{r['seed']}: {x['token_accuracy']:.3f} / {x['bleu4']:.1f}"
+                                 for r, x in zip(rows, scores, strict=True))
+            lines.append(f"| {label} | ({a['cut'][0]}, {a['cut'][1]}) | {a['attacker_knows_trained_bottom']} | "
+                         f"{name} | "
+                         f"{spread([x['token_accuracy'] for x in scores])} | "
+                         f"{spread([x['chance_accuracy'] for x in scores])} | "
+                         f"{spread([x['bleu4'] for x in scores], 1)} | {per_seed} |")
+    return "\n".join(lines)
+
+
+def inversion_differences(results: dict[str, list[dict]]) -> str:
+    """Same-seed differences of token accuracy that the recipe's targets name."""
+    def accuracy(label: str, name: str) -> dict[int, float]:
+        return {r["seed"]: r["activation_inversion"][name]["token_accuracy"] for r in results.get(label, [])
+                if "activation_inversion" in r}
+
+    pairs = [("split11-local minus split00-average, untrained", accuracy("split11-local", "untrained"),
+              accuracy("split00-average", "untrained")),
+             ("split11-local minus split00-average, trained", accuracy("split11-local", "trained"),
+              accuracy("split00-average", "trained")),
+             ("split11-local, trained minus untrained", accuracy("split11-local", "trained"),
+              accuracy("split11-local", "untrained")),
+             ("split22-local minus split11-local, untrained", accuracy("split22-local", "untrained"),
+              accuracy("split11-local", "untrained")),
+             ("split22-local minus split11-local, trained", accuracy("split22-local", "trained"),
+              accuracy("split11-local", "trained"))]
+    lines = ["| token accuracy, same seed | difference [95% interval] |", "|---|---|"]
+    for what, a, b in pairs:
+        seeds = sorted(set(a) & set(b))
+        if seeds:
+            lines.append(f"| {what} | {paired_difference([a[s] - b[s] for s in seeds], words=('higher', 'lower'))} |")
+    return "\n".join(lines)
+
+
+def leakage_tables(results: dict[str, list[dict]]) -> str:
+    leak = ["| run | seeds | codec | embeddings sent | recovered rows (mean) | true tokens (mean) | precision | "
+            "recall |",
+            "|---|---:|---|---|---:|---:|---:|---:|"]
+    exposure = ["| run | protocol | parameter tensors received | boundary messages (forward keys) | exposure checks |",
+                "|---|---|---:|---|---|"]
+    for label, rows in results.items():
+        first = rows[0]
+        received = first["exposure"]["received"]
         forward = ", ".join(sorted(received.get("boundary", {}).get("forward", {})))
         boundary = f"{received['boundary_messages']} ({forward})" if "boundary_messages" in received else "none"
-        violations = result["exposure"]["violations"]
-        exposure.append(f"| {label} | {result['protocol']} | {len(received['uploads'])} | {boundary} | "
+        violations = [v for r in rows for v in r["exposure"]["violations"]]
+        exposure.append(f"| {label} | {first['protocol']} | {len(received['uploads'])} | {boundary} | "
                         f"{'pass' if not violations else 'FAIL: ' + '; '.join(violations)} |")
-        u = result["update_leakage"]
-        scored = [r for r in u["clients"] if r.get("sent_embedding")]
+        codec = first["update_leakage"]["codec"]
+        scored = [c for r in rows for c in r["update_leakage"]["clients"] if c.get("sent_embedding")]
         if scored:
-            rec = statistics.mean(r["recovered"] for r in scored)
-            true = statistics.mean(r["true"] for r in scored)
-            leak.append(f"| {label} | {u['codec']} | yes | {rec:.0f} | {true:.0f} | {u['precision']:.3f} | "
-                        f"{u['recall']:.3f} |")
+            u = [r["update_leakage"] for r in rows]
+            recovered, true = (statistics.mean(c[k] for c in scored) for k in ("recovered", "true"))
+            leak.append(f"| {label} | {len(rows)} | {codec} | yes | {recovered:.0f} | {true:.0f} | "
+                        f"{spread([x['precision'] for x in u])} | {spread([x['recall'] for x in u])} |")
         else:
-            leak.append(f"| {label} | {u['codec']} | no | | | | |")
-    return "\n".join([*inv, "", *leak, "", *exposure])
+            leak.append(f"| {label} | {len(rows)} | {codec} | no | | | | |")
+    return "\n".join([*leak, "", *exposure])
+
+
+def audit_tables(roots: list[Path]) -> str:
+    """The activation-inversion table over seeds, its same-seed differences, update leakage and exposure."""
+    results = audits(roots)
+    return "\n\n".join([inversion_table(results), inversion_differences(results), leakage_tables(results)])
 
 
 def dp_results(roots: list[Path]) -> dict[str, list[dict]]:
@@ -96,8 +150,8 @@ def mean_sd(values: list[float]) -> str:
 
 
 def dp_table(results: dict[str, list[dict]]) -> str:
-    lines = ["| setting | z | epsilon reported (delta 1e-5) | seeds | accuracy round 0 | final accuracy | per seed |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| setting | z | epsilon reported (delta 1e-5) | seeds | accuracy round 0 | final accuracy | "
+             "final - round 0, same seed [95% interval] | per seed |", "|---|---:|---:|---:|---:|---:|---|---|"]
     order = sorted(results, key=lambda k: (results[k][0]["kind"] != "none", results[k][0]["kind"],
                                            -results[k][0]["epsilon"]))
     for label in order:
@@ -106,6 +160,7 @@ def dp_table(results: dict[str, list[dict]]) -> str:
         z = "-" if rows[0]["kind"] == "none" else f"{rows[0]['z']:.3f}"
         lines.append(f"| {label} | {z} | {'inf' if math.isinf(eps) else f'{eps:.2f}'} | {len(rows)} | "
                      f"{mean_sd([r['start'] for r in rows])} | {mean_sd([r['final'] for r in rows])} | "
+                     f"{paired_difference([r['final'] - r['start'] for r in rows], words=('above', 'below'))} | "
                      + ", ".join(f"s{r['seed']}: {r['final']:.3f}" for r in rows) + " |")
     return "\n".join(lines)
 
