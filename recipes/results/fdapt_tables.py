@@ -29,15 +29,46 @@ def tags_of(run_dir: Path) -> tuple[dict, int]:
     return config.get("tags", {}), int(config.get("seed", 0))
 
 
-def dapt_runs(root: Path) -> dict[str, list[dict]]:
-    """Setting label -> metrics records of its finished pre-training run (recipes/fdapt.yaml, under any name
-    starting with fdapt: fdapt, fdapt8, fdapt-ffskew, ...)."""
-    runs = {}
+def dapt_seed_runs(root: Path) -> dict[str, dict[int, list[dict]]]:
+    """Setting label -> seed -> metrics records of its finished pre-training run (recipes/fdapt.yaml, under any
+    name starting with fdapt: fdapt, fdapt8, fdapt-ffskew, fdapt-seed1, ...)."""
+    runs: dict[str, dict[int, list[dict]]] = defaultdict(dict)
     grids = [grid for grid in [*root.glob("fdapt*/"), root / "control" / "fdapt"] if (grid / "grid.yaml").is_file()]
     for run_dir in sorted(run_dir for grid in grids for run_dir in grid.glob("*/")):
         if (run_dir / "model").is_dir():
-            runs[tags_of(run_dir)[0]["setting"]] = read_metrics(run_dir)
+            tags, seed = tags_of(run_dir)
+            runs[tags["setting"]][seed] = read_metrics(run_dir)
     return runs
+
+
+def dapt_runs(root: Path) -> dict[str, list[dict]]:
+    """Setting label -> metrics records of its seed-0 pre-training run: the models every NER table fine-tunes."""
+    return {label: seeds[0] for label, seeds in dapt_seed_runs(root).items() if 0 in seeds}
+
+
+def pretraining_seeds_table(root: Path) -> None:
+    """Final perplexity of the settings pre-trained under several seeds, and the targets' same-seed ratios."""
+    final = {label: {seed: summarize(records, "perplexity", "min")["final perplexity"]
+                     for seed, records in seeds.items()}
+             for label, seeds in dapt_seed_runs(root).items() if len(seeds) > 1}
+    if not final:
+        return
+    print("| setting | final perplexity, mean ± sd (seeds) | per seed |")
+    print("|---|---|---|")
+    for label, by_seed in final.items():
+        values = [by_seed[s] for s in sorted(by_seed)]
+        print(f"| {label} | {SeedStats(tuple(values)).fixed(digits=1)} | "
+              + ", ".join(f"s{s}: {by_seed[s]:.1f}" for s in sorted(by_seed)) + " |")
+    print()
+    print("| same seed, final perplexity | ratio - 1, % [95% interval] | per seed |")
+    print("|---|---|---|")
+    for label, base in (("FDAPT 2 clients iid", "centralized DAPT"), ("FFDAPT 2 clients iid", "FDAPT 2 clients iid")):
+        seeds = sorted(set(final.get(label, {})) & set(final.get(base, {})))
+        ratios = [100 * (final[label][s] / final[base][s] - 1) for s in seeds]
+        if ratios:
+            print(f"| {label} / {base} | {paired_difference(ratios, digits=1, words=('higher', 'lower'))} | "
+                  + ", ".join(f"s{s}: {r:+.1f}%" for s, r in zip(seeds, ratios, strict=True)) + " |")
+    print()
 
 
 def ner_scores(root: Path) -> dict[str, list[tuple[int, float]]]:
@@ -230,6 +261,7 @@ def main() -> None:
     head_table(args.root, dapt)
     general_text_table(args.root, dapt)
     main_table(dapt, ner)
+    pretraining_seeds_table(args.root)
     paired_table(ner)
     skews_table(dapt, ner)
     verdicts(dapt, ner)
