@@ -52,15 +52,16 @@ def method_table(res: dict[str, dict[int, dict[str, float]]]) -> str:
 def differences(res: dict[str, dict[int, dict[str, float]]]) -> str:
     lines = ["| same seed | ROUGE-L difference [95% interval] | test loss difference [95% interval] | "
              "per seed (ROUGE-L) |", "|---|---|---|---|"]
-    pairs = [(f"{SPLIT} minus {FEDAVG}", res.get(SPLIT, {}), res.get(FEDAVG, {}), "rougeL", "rougeL"),
-             (f"{SPLIT} minus {CENTRAL}", res.get(SPLIT, {}), res.get(CENTRAL, {}), "rougeL", "rougeL"),
-             (f"{CENTRAL} minus the start", res.get(CENTRAL, {}), res.get(CENTRAL, {}), "rougeL", "start_rougeL")]
-    for what, a, b, key_a, key_b in pairs:
+    # (what, runs, baseline runs, which scores of the baseline: its final ones or its start's)
+    pairs = [(f"{SPLIT} minus {FEDAVG}", res.get(SPLIT, {}), res.get(FEDAVG, {}), ""),
+             (f"{SPLIT} minus {CENTRAL}", res.get(SPLIT, {}), res.get(CENTRAL, {}), ""),
+             (f"{CENTRAL} minus the start", res.get(CENTRAL, {}), res.get(CENTRAL, {}), "start_")]
+    for what, a, b, base in pairs:
         seeds = sorted(set(a) & set(b))
         if not seeds:
             continue
-        rouge = [a[s][key_a] - b[s][key_b] for s in seeds]
-        loss = [a[s]["loss"] - b[s]["loss" if key_b == "rougeL" else "start_loss"] for s in seeds]
+        rouge = [a[s]["rougeL"] - b[s][f"{base}rougeL"] for s in seeds]
+        loss = [a[s]["loss"] - b[s][f"{base}loss"] for s in seeds]
         lines.append(f"| {what} | {paired_difference(rouge, words=('higher', 'lower'))} | "
                      f"{paired_difference(loss, words=('higher', 'lower'))} | "
                      + ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(seeds, rouge, strict=True)) + " |")
