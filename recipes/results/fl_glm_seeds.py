@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from fedlm.run.recorder import read_metrics
+from fedlm.run.rundir import run_dirs
 from fedlm.run.seeds import SeedStats, paired_difference, setting_label
 
 SPLIT, FEDAVG, CENTRAL = "FL-GLM split (1,1)", "FedAvg P-Tuning v2", "Centralized P-Tuning v2"
@@ -23,7 +24,7 @@ SPLIT, FEDAVG, CENTRAL = "FL-GLM split (1,1)", "FedAvg P-Tuning v2", "Centralize
 def results(roots: list[Path]) -> dict[str, dict[int, dict[str, float]]]:
     """method -> seed -> start / final ROUGE-L and test loss of each finished run under the grid directories."""
     out: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
-    for run in sorted(p for root in roots for p in root.iterdir() if (p / "metrics.jsonl").is_file()):
+    for run in run_dirs(roots):
         config = yaml.safe_load((run / "config.yaml").read_text())
         scored = [m for m in read_metrics(run) if m.get("test_rougeL") is not None]
         if len(scored) < 2 or scored[-1]["round"] != config["protocol"]["rounds"]:

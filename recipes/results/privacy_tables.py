@@ -21,17 +21,13 @@ import matplotlib
 import yaml
 
 from fedlm.run.recorder import read_metrics
+from fedlm.run.rundir import run_dirs
 from fedlm.run.seeds import SeedStats, paired_difference
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 KINDS = ("sample", "client")
-
-
-def run_dirs(roots: list[Path]) -> list[Path]:
-    """Every run directory (one holding metrics.jsonl) directly under the given grid directories."""
-    return sorted(p for root in roots for p in root.iterdir() if (p / "metrics.jsonl").is_file())
 
 
 def audits(roots: list[Path]) -> dict[str, list[dict]]:

@@ -47,20 +47,6 @@ def check_writable(path: Path, what: str) -> None:
         raise UserError(f"cannot write {what} {path}: permission denied on {existing}; choose a writable directory")
 
 
-def _run_dirs(paths: list[Path]) -> list[Path]:
-    """Run directories, with a grid directory standing for every run inside it."""
-    found = []
-    for path in paths:
-        if (path / "grid.yaml").is_file():
-            found.extend(sorted(p.parent for p in path.glob("*/data.json")))
-        elif (path / "data.json").is_file():
-            found.append(path)
-        else:
-            raise UserError(f"{path} is not a run or grid directory (no data.json or grid.yaml); "
-                            "give a directory `fedlm run` wrote")
-    return found
-
-
 def _config_value(run_dir: Path, dotted: str) -> str:
     """A config value of a run as a short label ('label_dirichlet(alpha=1.0)' for a whole section)."""
     import yaml
@@ -85,13 +71,14 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
     from fedlm.run.downstream import downstream_scores
     from fedlm.run.recorder import read_metrics
     from fedlm.run.report import pivot_table, plot_grid, plot_run, summarize
+    from fedlm.run.rundir import run_dirs
     from fedlm.run.seeds import SeededRow, merge_cells, seeded_table, setting_key, setting_label
     from fedlm.tasks import get_task
 
     rows, cells, keys = [], [], []
     curves: dict[str, tuple[str, list[list[dict]]]] = {}
     target, direction, split = "", "max", "test"
-    for run_dir in _run_dirs(paths):
+    for run_dir in run_dirs(paths):
         target, direction = get_task(json.loads((run_dir / "data.json").read_text())["task"]).target_metric()
         records = read_metrics(run_dir)
         plot_run(records, target, run_dir, run_dir.name)

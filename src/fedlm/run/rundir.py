@@ -65,3 +65,18 @@ def clear_run(run_dir: Path) -> None:
     model); a directory without a run is left alone."""
     if holds_run(run_dir) is not None:
         shutil.rmtree(run_dir)
+
+
+def run_dirs(paths: list[Path]) -> list[Path]:
+    """Run directories, with a grid directory standing for every run inside it; anything else is refused with
+    one line naming it."""
+    found = []
+    for path in paths:
+        if (path / "grid.yaml").is_file():
+            found.extend(sorted(p.parent for p in path.glob("*/data.json")))
+        elif (path / "data.json").is_file():
+            found.append(path)
+        else:
+            raise UserError(f"{path} is not a run or grid directory (no data.json or grid.yaml); "
+                            "give a directory `fedlm run` wrote")
+    return found
