@@ -41,16 +41,16 @@ def dapt_seed_runs(root: Path) -> dict[str, dict[int, list[dict]]]:
     return runs
 
 
-def dapt_runs(root: Path) -> dict[str, list[dict]]:
+def seed_zero(seed_runs: dict[str, dict[int, list[dict]]]) -> dict[str, list[dict]]:
     """Setting label -> metrics records of its seed-0 pre-training run: the models every NER table fine-tunes."""
-    return {label: seeds[0] for label, seeds in dapt_seed_runs(root).items() if 0 in seeds}
+    return {label: seeds[0] for label, seeds in seed_runs.items() if 0 in seeds}
 
 
-def pretraining_seeds_table(root: Path) -> None:
+def pretraining_seeds_table(seed_runs: dict[str, dict[int, list[dict]]]) -> None:
     """Final perplexity of the settings pre-trained under several seeds, and the targets' same-seed ratios."""
     final = {label: {seed: summarize(records, "perplexity", "min")["final perplexity"]
                      for seed, records in seeds.items()}
-             for label, seeds in dapt_seed_runs(root).items() if len(seeds) > 1}
+             for label, seeds in seed_runs.items() if len(seeds) > 1}
     if not final:
         return
     print("| setting | final perplexity, mean ± sd (seeds) | per seed |")
@@ -257,11 +257,12 @@ def main() -> None:
     parser.add_argument("root", type=Path, help="the output directory holding fdapt-head/, fdapt/, fdapt-ner/")
     parser.add_argument("--plot", type=Path, help="write the figure here")
     args = parser.parse_args()
-    dapt, ner = dapt_runs(args.root), ner_scores(args.root)
+    seed_runs, ner = dapt_seed_runs(args.root), ner_scores(args.root)
+    dapt = seed_zero(seed_runs)
     head_table(args.root, dapt)
     general_text_table(args.root, dapt)
     main_table(dapt, ner)
-    pretraining_seeds_table(args.root)
+    pretraining_seeds_table(seed_runs)
     paired_table(ner)
     skews_table(dapt, ner)
     verdicts(dapt, ner)
