@@ -22,7 +22,7 @@ import yaml
 
 from fedlm.run.recorder import read_metrics
 from fedlm.run.rundir import run_dirs
-from fedlm.run.seeds import SeedStats, paired_difference
+from fedlm.run.seeds import paired_difference
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -41,14 +41,9 @@ def audits(roots: list[Path]) -> dict[str, list[dict]]:
     return {label: sorted(rows, key=lambda r: r["seed"]) for label, rows in sorted(out.items())}
 
 
-def spread(values: list[float], digits: int = 3) -> str:
-    """'mean ± sd (n seeds)', or the value alone from one seed."""
-    return SeedStats(tuple(values)).fixed(digits).removesuffix(" (1 seed)")
-
-
 def inversion_table(results: dict[str, list[dict]]) -> str:
-    lines = ["| run | cut | attacker knows the trained bottom | client bottom | token accuracy | chance | BLEU-4 | "
-             "per seed: accuracy / BLEU-4 |", "|---|---|---|---|---:|---:|---:|---|"]
+    lines = ["| run | seeds | cut | attacker knows the trained bottom | client bottom | token accuracy | chance | "
+             "BLEU-4 | per seed: accuracy / BLEU-4 |", "|---|---:|---|---|---|---:|---:|---:|---|"]
     for label, rows in results.items():
         rows = [r for r in rows if "activation_inversion" in r]
         if not rows:
@@ -58,11 +53,11 @@ def inversion_table(results: dict[str, list[dict]]) -> str:
             scores = [r["activation_inversion"][name] for r in rows]
             per_seed = ", ".join(f"s{r['seed']}: {x['token_accuracy']:.3f} / {x['bleu4']:.1f}"
                                  for r, x in zip(rows, scores, strict=True))
-            lines.append(f"| {label} | ({a['cut'][0]}, {a['cut'][1]}) | {a['attacker_knows_trained_bottom']} | "
-                         f"{name} | "
-                         f"{spread([x['token_accuracy'] for x in scores])} | "
-                         f"{spread([x['chance_accuracy'] for x in scores])} | "
-                         f"{spread([x['bleu4'] for x in scores], 1)} | {per_seed} |")
+            lines.append(f"| {label} | {len(rows)} | ({a['cut'][0]}, {a['cut'][1]}) | "
+                         f"{a['attacker_knows_trained_bottom']} | {name} | "
+                         f"{mean_sd([x['token_accuracy'] for x in scores])} | "
+                         f"{mean_sd([x['chance_accuracy'] for x in scores])} | "
+                         f"{mean_sd([x['bleu4'] for x in scores], 1)} | {per_seed} |")
     return "\n".join(lines)
 
 
@@ -110,7 +105,7 @@ def leakage_tables(results: dict[str, list[dict]]) -> str:
             u = [r["update_leakage"] for r in rows]
             recovered, true = (statistics.mean(c[k] for c in scored) for k in ("recovered", "true"))
             leak.append(f"| {label} | {len(rows)} | {codec} | yes | {recovered:.0f} | {true:.0f} | "
-                        f"{spread([x['precision'] for x in u])} | {spread([x['recall'] for x in u])} |")
+                        f"{mean_sd([x['precision'] for x in u])} | {mean_sd([x['recall'] for x in u])} |")
         else:
             leak.append(f"| {label} | {len(rows)} | {codec} | no | | | | |")
     return "\n".join([*leak, "", *exposure])
@@ -139,10 +134,11 @@ def dp_results(roots: list[Path]) -> dict[str, list[dict]]:
     return out
 
 
-def mean_sd(values: list[float]) -> str:
+def mean_sd(values: list[float], digits: int = 3) -> str:
+    """'mean ± sample sd' over seeds (the tables give the number of seeds), or the value alone from one seed."""
     if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def dp_table(results: dict[str, list[dict]]) -> str:
