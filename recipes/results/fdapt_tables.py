@@ -47,7 +47,8 @@ def seed_zero(seed_runs: dict[str, dict[int, list[dict]]]) -> dict[str, list[dic
 
 
 def pretraining_seeds_table(seed_runs: dict[str, dict[int, list[dict]]]) -> None:
-    """Final perplexity of the settings pre-trained under several seeds, and the targets' same-seed ratios."""
+    """Final perplexity of the settings pre-trained under several seeds, and the targets' same-seed ratios (T2,
+    T5 at 2 clients IID, T4 for each FDAPT skew against IID at its client count)."""
     final = {label: {seed: summarize(records, "perplexity", "min")["final perplexity"]
                      for seed, records in seeds.items()}
              for label, seeds in seed_runs.items() if len(seeds) > 1}
@@ -62,7 +63,9 @@ def pretraining_seeds_table(seed_runs: dict[str, dict[int, list[dict]]]) -> None
     print()
     print("| same seed, final perplexity | ratio - 1, % [95% interval] | per seed |")
     print("|---|---|---|")
-    for label, base in (("FDAPT 2 clients iid", "centralized DAPT"), ("FFDAPT 2 clients iid", "FDAPT 2 clients iid")):
+    pairs = [("FDAPT 2 clients iid", "centralized DAPT"), ("FFDAPT 2 clients iid", "FDAPT 2 clients iid"),
+             *((f"FDAPT {n} clients {skew}", f"FDAPT {n} clients iid") for n in (2, 8) for skew in SKEWS[1:])]
+    for label, base in pairs:
         seeds = sorted(set(final.get(label, {})) & set(final.get(base, {})))
         ratios = [100 * (final[label][s] / final[base][s] - 1) for s in seeds]
         if ratios:
