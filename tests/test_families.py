@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers.masking_utils import create_causal_mask
 
 from fedlm.config import SharingConfig
 from fedlm.errors import UserError
 from fedlm.federation.sharing import build_policy, num_blocks, select
 from fedlm.models.cut import Cut, SplitModel
-from fedlm.models.introspect import block_stacks, find_layout, parameter_groups
+from fedlm.models.introspect import block_stacks, cache_argument, find_layout, parameter_groups
 from fedlm.models.presets import check_overrides, config_class, get_preset, preset_config_kwargs
 from tests.split_helpers import assert_split_grads_equal_unsplit
 from tests.tiny_models import (
@@ -124,3 +125,13 @@ def test_unknown_family_and_typo_overrides_are_one_line_errors():
         get_preset("tiny") and config_class("lama")
     with pytest.raises(UserError, match="unknown mistral config field"):
         check_overrides("mistral", {"num_kv_heads": 1})
+
+
+def test_the_cache_argument_is_found_under_either_spelling():
+    """transformers 5.24 renamed attention layers' and mask builders' ``past_key_values`` to ``cache``; prefix
+    tuning and split parts pass the cache by whichever name the installed version takes."""
+    def old(hidden, attention_mask=None, past_key_values=None): ...
+    def new(hidden, attention_mask=None, cache=None): ...
+    def neither(hidden, attention_mask=None): ...
+    assert (cache_argument(old), cache_argument(new), cache_argument(neither)) == ("past_key_values", "cache", None)
+    assert cache_argument(create_causal_mask) in ("cache", "past_key_values")

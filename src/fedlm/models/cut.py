@@ -57,7 +57,7 @@ from transformers.masking_utils import (
 
 from fedlm.errors import UserError
 from fedlm.models.heads import find_head
-from fedlm.models.introspect import FULL, SLIDING, Layout, find_layout
+from fedlm.models.introspect import FULL, SLIDING, Layout, cache_argument, find_layout
 
 __all__ = ["Activations", "ClientBottom", "ClientTop", "Cut", "ServerTrunk", "SplitModel"]
 
@@ -151,13 +151,10 @@ class _Part(nn.Module):
 
     def _mask(self, kind: str, hidden: Tensor, mask_2d: Tensor | None, position_ids: Tensor | None) -> object:
         if self._layout.causal:
-            return _CAUSAL_MASKS[kind](
-                config=self._config,
-                inputs_embeds=hidden,
-                attention_mask=mask_2d,
-                past_key_values=None,
-                position_ids=position_ids,
-            )
+            build = _CAUSAL_MASKS[kind]
+            no_cache = {cache_argument(build): None}  # a part's forward never generates: no cache
+            return build(config=self._config, inputs_embeds=hidden, attention_mask=mask_2d,
+                         position_ids=position_ids, **no_cache)
         return _BIDIRECTIONAL_MASKS[kind](config=self._config, inputs_embeds=hidden, attention_mask=mask_2d)
 
     def _rotary(self, hidden: Tensor, position_ids: Tensor | None) -> object:

@@ -18,6 +18,7 @@ Families whose blocks are not found this way get one line naming them (:func:`fi
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
@@ -25,10 +26,19 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from fedlm.errors import UserError
 
-__all__ = ["BlockStack", "Layout", "block_stacks", "find_layout", "parameter_groups"]
+__all__ = ["BlockStack", "Layout", "block_stacks", "cache_argument", "find_layout", "parameter_groups"]
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+_CACHE_ARGUMENTS = ("cache", "past_key_values")  # transformers 5.24 renamed past_key_values to cache
+
+
+def cache_argument(function: Callable) -> str | None:
+    """The name under which ``function`` (an attention layer's forward, a mask builder) takes the key/value
+    cache: ``cache`` from transformers 5.24, ``past_key_values`` before; None if it takes none. Asked of the
+    function, not of the version, so both spellings keep working."""
+    parameters = inspect.signature(function).parameters
+    return next((name for name in _CACHE_ARGUMENTS if name in parameters), None)
 
 
 @dataclass(frozen=True)

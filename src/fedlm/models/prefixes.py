@@ -39,6 +39,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import EncoderDecoderCache
 
 from fedlm.errors import UserError
+from fedlm.models.introspect import cache_argument
 
 __all__ = ["PREFIX_NAME", "BlockPrefix", "ProjectedPrefix", "attach_prefixes", "attention_modules",
            "gather_prefixes", "scatter_prefixes", "widen_mask"]
@@ -89,8 +90,8 @@ def _split(rows: Tensor, heads: int, head_dim: int) -> tuple[Tensor, Tensor]:
 
 
 def attention_modules(model: PreTrainedModel, kind: str) -> list[nn.Module]:
-    """Every self-attention layer that keeps a key/value cache (a ``layer_idx``, ``past_key_values`` and
-    ``attention_mask`` arguments), innermost, in layer order; a family without one gets one line."""
+    """Every self-attention layer that keeps a key/value cache (a ``layer_idx``, a cache argument and an
+    ``attention_mask`` argument), innermost, in layer order; a family without one gets one line."""
     found = [m for m in model.modules() if _caches(m)]
     inner = [m for m in found if not any(_caches(sub) for sub in m.modules() if sub is not m)]
     if not inner:
@@ -106,7 +107,8 @@ def attention_modules(model: PreTrainedModel, kind: str) -> list[nn.Module]:
 def _caches(module: nn.Module) -> bool:
     if not isinstance(getattr(module, "layer_idx", None), int) or getattr(module, "is_cross_attention", False):
         return False
-    return {"past_key_values", "attention_mask"} <= set(inspect.signature(module.forward).parameters)
+    forward = module.forward
+    return "attention_mask" in inspect.signature(forward).parameters and cache_argument(forward) is not None
 
 
 def attach_prefixes(peft_model: PeftModel, model: PreTrainedModel, kind: str) -> None:
@@ -168,27 +170,31 @@ class _PrefixedCache:
     def __init__(self, keys: Tensor, values: Tensor, inner: object | None) -> None:
         self.keys, self.values, self.inner = keys, values, inner
 
-    def update(self, keys: Tensor, values: Tensor, layer_idx: int, cache_kwargs: dict | None = None) -> tuple:
+    def update(self, keys: Tensor, values: Tensor, *args: object, **kwargs: object) -> tuple:
+        """The layer index and cache kwargs pass through as the layer gave them (their spelling varies across
+        transformers versions: ``cache_kwargs`` positional before 5.24, ``kwargs=`` since)."""
         if self.inner is not None:
-            keys, values = self.inner.update(keys, values, layer_idx, cache_kwargs)
+            keys, values = self.inner.update(keys, values, *args, **kwargs)
         prefix_k, prefix_v = self.keys.to(keys.dtype), self.values.to(values.dtype)
         return torch.cat([prefix_k, keys], dim=2), torch.cat([prefix_v, values], dim=2)
 
 
-_SIGNATURES: dict[type, inspect.Signature] = {}
+_SIGNATURES: dict[type, tuple[inspect.Signature, str]] = {}  # attention class -> forward's signature, cache name
 
 
 def _add_prefix(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Forward pre-hook of an attention layer: its prefix as leading cached keys/values, visible to all."""
-    signature = _SIGNATURES.setdefault(type(module), inspect.signature(module.forward))
+    if type(module) not in _SIGNATURES:
+        _SIGNATURES[type(module)] = inspect.signature(module.forward), cache_argument(module.forward)
+    signature, cache = _SIGNATURES[type(module)]
     bound = signature.bind_partial(*args, **kwargs)
     hidden = bound.arguments[next(iter(signature.parameters))]
     keys, values = getattr(module, PREFIX_NAME).keys_values(hidden.shape[0])
-    inner = bound.arguments.get("past_key_values")
+    inner = bound.arguments.get(cache)
     if isinstance(inner, EncoderDecoderCache):
         inner = inner.self_attention_cache
     past = inner.get_seq_length(module.layer_idx) if inner is not None else 0
-    bound.arguments["past_key_values"] = _PrefixedCache(keys, values, inner)
+    bound.arguments[cache] = _PrefixedCache(keys, values, inner)
     bound.arguments["attention_mask"] = widen_mask(
         bound.arguments.get("attention_mask"), keys.shape[2], hidden.shape[1], past,
         causal=bool(getattr(module, "is_causal", False)), eager=module.config._attn_implementation == "eager",
