@@ -4,7 +4,8 @@ with `fedlm audit`) and recipes/privacy-dp.yaml (any number of seeds, from one o
     .venv/bin/python recipes/results/privacy_tables.py --audit RUNS/privacy-audit [...] \
         --dp RUNS/privacy-dp [RUNS/privacy-dp-seeds ...] --plot recipes/results/privacy.png
 
-Prints markdown: the activation-inversion table, the update-leakage table, and utility against epsilon
+Prints markdown: the activation-inversion table and its same-seed differences, what the audited runs learnt
+(test accuracy), the update-leakage and exposure tables, and utility against epsilon
 (accuracy at round 0 and after the last round, mean +- sample sd over seeds, and the epsilon the run reported).
 """
 
@@ -28,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 KINDS = ("sample", "client")
+LONG, HOT = "split11-local-10rounds", "split11-local-10rounds-lr1e-3"  # cut (1, 1) after 10 rounds at lr 1e-4 / 1e-3
 
 
 def audits(roots: list[Path]) -> dict[str, list[dict]]:
@@ -76,7 +78,12 @@ def inversion_differences(results: dict[str, list[dict]]) -> str:
              ("split22-local minus split11-local, untrained", accuracy("split22-local", "untrained"),
               accuracy("split11-local", "untrained")),
              ("split22-local minus split11-local, trained", accuracy("split22-local", "trained"),
-              accuracy("split11-local", "trained"))]
+              accuracy("split11-local", "trained")),
+             ("split11-local-10rounds, trained minus untrained", accuracy(LONG, "trained"),
+              accuracy(LONG, "untrained")),
+             ("split11-local-10rounds at lr 1e-3, trained minus untrained", accuracy(HOT, "trained"),
+              accuracy(HOT, "untrained")),
+             ("lr 1e-3 minus lr 1e-4 (10 rounds each), trained", accuracy(HOT, "trained"), accuracy(LONG, "trained"))]
     lines = ["| token accuracy, same seed | difference [95% interval] |", "|---|---|"]
     for what, a, b in pairs:
         seeds = sorted(set(a) & set(b))
@@ -111,10 +118,40 @@ def leakage_tables(results: dict[str, list[dict]]) -> str:
     return "\n".join([*leak, "", *exposure])
 
 
+def utility_table(roots: list[Path]) -> str:
+    """What the audited runs learnt: test accuracy (mean over the clients' evaluations) at round 0 and after the
+    last round, so a setting that resists the attack can be weighed against what it costs."""
+    finals: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for run in run_dirs(roots):
+        if (run / "audit.json").is_file():
+            config = yaml.safe_load((run / "config.yaml").read_text())
+            scored = [m for m in read_metrics(run) if test_accuracy(m) is not None]
+            finals[config["tags"].get("target", run.name)][config["seed"]] = (test_accuracy(scored[0]),
+                                                                              test_accuracy(scored[-1]))
+    lines = ["| run | seeds | test accuracy, round 0 | after the last round | per seed |", "|---|---:|---:|---:|---|"]
+    for label, by_seed in sorted(finals.items()):
+        seeds = sorted(by_seed)
+        lines.append(f"| {label} | {len(seeds)} | {mean_sd([by_seed[s][0] for s in seeds])} | "
+                     f"{mean_sd([by_seed[s][1] for s in seeds])} | "
+                     + ", ".join(f"s{s}: {by_seed[s][1]:.3f}" for s in seeds) + " |")
+    hot, long = finals.get(HOT, {}), finals.get(LONG, {})
+    if seeds := sorted(hot.keys() & long.keys()):
+        diff = paired_difference([hot[s][1] - long[s][1] for s in seeds], words=("higher", "lower"))
+        lines += ["", f"Final test accuracy, lr 1e-3 minus lr 1e-4 (10 rounds each), same seed: {diff}"]
+    return "\n".join(lines)
+
+
+def test_accuracy(metrics: dict) -> float | None:
+    """A round's test accuracy: the global model's, or the mean of the clients' (personalised runs)."""
+    return metrics.get("test_accuracy", metrics.get("test_accuracy_mean"))
+
+
 def audit_tables(roots: list[Path]) -> str:
-    """The activation-inversion table over seeds, its same-seed differences, update leakage and exposure."""
+    """The activation-inversion table over seeds, its same-seed differences, what the runs learnt, update
+    leakage and exposure."""
     results = audits(roots)
-    return "\n\n".join([inversion_table(results), inversion_differences(results), leakage_tables(results)])
+    return "\n\n".join([inversion_table(results), inversion_differences(results), utility_table(roots),
+                         leakage_tables(results)])
 
 
 def dp_results(roots: list[Path]) -> dict[str, list[dict]]:
