@@ -29,7 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 KINDS = ("sample", "client")
-LONG, HOT = "split11-local-10rounds", "split11-local-10rounds-lr1e-3"  # cut (1, 1) after 10 rounds at lr 1e-4 / 1e-3
+LONG = "split11-local-10rounds"  # cut (1, 1) after 10 rounds at the recipe's client lr, 1e-4
+HOTTER = {"3e-4": f"{LONG}-lr3e-4", "1e-3": f"{LONG}-lr1e-3"}  # the same at larger client learning rates
 
 
 def audits(roots: list[Path]) -> dict[str, list[dict]]:
@@ -81,9 +82,10 @@ def inversion_differences(results: dict[str, list[dict]]) -> str:
               accuracy("split11-local", "trained")),
              ("split11-local-10rounds, trained minus untrained", accuracy(LONG, "trained"),
               accuracy(LONG, "untrained")),
-             ("split11-local-10rounds at lr 1e-3, trained minus untrained", accuracy(HOT, "trained"),
-              accuracy(HOT, "untrained")),
-             ("lr 1e-3 minus lr 1e-4 (10 rounds each), trained", accuracy(HOT, "trained"), accuracy(LONG, "trained"))]
+             *((f"split11-local-10rounds at lr {lr}, trained minus untrained", accuracy(label, "trained"),
+                accuracy(label, "untrained")) for lr, label in HOTTER.items()),
+             *((f"lr {lr} minus lr 1e-4 (10 rounds each), trained", accuracy(label, "trained"),
+                accuracy(LONG, "trained")) for lr, label in HOTTER.items())]
     lines = ["| token accuracy, same seed | difference [95% interval] |", "|---|---|"]
     for what, a, b in pairs:
         seeds = sorted(set(a) & set(b))
@@ -134,10 +136,12 @@ def utility_table(roots: list[Path]) -> str:
         lines.append(f"| {label} | {len(seeds)} | {mean_sd([by_seed[s][0] for s in seeds])} | "
                      f"{mean_sd([by_seed[s][1] for s in seeds])} | "
                      + ", ".join(f"s{s}: {by_seed[s][1]:.3f}" for s in seeds) + " |")
-    hot, long = finals.get(HOT, {}), finals.get(LONG, {})
-    if seeds := sorted(hot.keys() & long.keys()):
-        diff = paired_difference([hot[s][1] - long[s][1] for s in seeds], words=("higher", "lower"))
-        lines += ["", f"Final test accuracy, lr 1e-3 minus lr 1e-4 (10 rounds each), same seed: {diff}"]
+    long = finals.get(LONG, {})
+    for lr, label in HOTTER.items():
+        hot = finals.get(label, {})
+        if seeds := sorted(hot.keys() & long.keys()):
+            diff = paired_difference([hot[s][1] - long[s][1] for s in seeds], words=("higher", "lower"))
+            lines += ["", f"Final test accuracy, lr {lr} minus lr 1e-4 (10 rounds each), same seed: {diff}"]
     return "\n".join(lines)
 
 
