@@ -104,6 +104,7 @@ _CAUSAL_MASKS: dict[str, Callable[..., object]] = {
     SLIDING: create_sliding_window_causal_mask,
     "chunked_attention": create_chunked_causal_mask,
 }
+_CACHE_ARGUMENT = {kind: cache_argument(build) for kind, build in _CAUSAL_MASKS.items()}  # looked up once, not per call
 _BIDIRECTIONAL_MASKS: dict[str, Callable[..., object]] = {
     FULL: create_bidirectional_mask,
     SLIDING: create_bidirectional_sliding_window_mask,
@@ -151,10 +152,9 @@ class _Part(nn.Module):
 
     def _mask(self, kind: str, hidden: Tensor, mask_2d: Tensor | None, position_ids: Tensor | None) -> object:
         if self._layout.causal:
-            build = _CAUSAL_MASKS[kind]
-            no_cache = {cache_argument(build): None}  # a part's forward never generates: no cache
-            return build(config=self._config, inputs_embeds=hidden, attention_mask=mask_2d,
-                         position_ids=position_ids, **no_cache)
+            no_cache = {_CACHE_ARGUMENT[kind]: None}  # a part's forward never generates: no cache
+            return _CAUSAL_MASKS[kind](config=self._config, inputs_embeds=hidden, attention_mask=mask_2d,
+                                       position_ids=position_ids, **no_cache)
         return _BIDIRECTIONAL_MASKS[kind](config=self._config, inputs_embeds=hidden, attention_mask=mask_2d)
 
     def _rotary(self, hidden: Tensor, position_ids: Tensor | None) -> object:
