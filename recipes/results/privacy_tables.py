@@ -34,13 +34,16 @@ HOTTER = {"3e-4": f"{LONG}-lr3e-4", "1e-3": f"{LONG}-lr1e-3"}  # the same at lar
 
 
 def audits(roots: list[Path]) -> dict[str, list[dict]]:
-    """target label -> the audit.json of each seed's run (sorted by seed), with 'seed' added."""
+    """target label -> the audit.json of each seed's run (sorted by seed), with 'seed' added and 'accuracy': the
+    run's test accuracy (round 0, after the last round)."""
     out: dict[str, list[dict]] = defaultdict(list)
     for run in run_dirs(roots):
         path = run / "audit.json"
         if path.is_file():
             config = yaml.safe_load((run / "config.yaml").read_text())
-            out[config["tags"].get("target", run.name)].append({**json.loads(path.read_text()), "seed": config["seed"]})
+            scored = [test_accuracy(m) for m in read_metrics(run) if test_accuracy(m) is not None]
+            out[config["tags"].get("target", run.name)].append(
+                {**json.loads(path.read_text()), "seed": config["seed"], "accuracy": (scored[0], scored[-1])})
     return {label: sorted(rows, key=lambda r: r["seed"]) for label, rows in sorted(out.items())}
 
 
@@ -120,27 +123,19 @@ def leakage_tables(results: dict[str, list[dict]]) -> str:
     return "\n".join([*leak, "", *exposure])
 
 
-def utility_table(roots: list[Path]) -> str:
+def utility_table(results: dict[str, list[dict]]) -> str:
     """What the audited runs learnt: test accuracy (mean over the clients' evaluations) at round 0 and after the
     last round, so a setting that resists the attack can be weighed against what it costs."""
-    finals: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
-    for run in run_dirs(roots):
-        if (run / "audit.json").is_file():
-            config = yaml.safe_load((run / "config.yaml").read_text())
-            scored = [m for m in read_metrics(run) if test_accuracy(m) is not None]
-            finals[config["tags"].get("target", run.name)][config["seed"]] = (test_accuracy(scored[0]),
-                                                                              test_accuracy(scored[-1]))
     lines = ["| run | seeds | test accuracy, round 0 | after the last round | per seed |", "|---|---:|---:|---:|---|"]
-    for label, by_seed in sorted(finals.items()):
-        seeds = sorted(by_seed)
-        lines.append(f"| {label} | {len(seeds)} | {mean_sd([by_seed[s][0] for s in seeds])} | "
-                     f"{mean_sd([by_seed[s][1] for s in seeds])} | "
-                     + ", ".join(f"s{s}: {by_seed[s][1]:.3f}" for s in seeds) + " |")
-    long = finals.get(LONG, {})
+    for label, rows in results.items():
+        lines.append(f"| {label} | {len(rows)} | {mean_sd([r['accuracy'][0] for r in rows])} | "
+                     f"{mean_sd([r['accuracy'][1] for r in rows])} | "
+                     + ", ".join(f"s{r['seed']}: {r['accuracy'][1]:.3f}" for r in rows) + " |")
+    long = {r["seed"]: r["accuracy"][1] for r in results.get(LONG, [])}
     for lr, label in HOTTER.items():
-        hot = finals.get(label, {})
+        hot = {r["seed"]: r["accuracy"][1] for r in results.get(label, [])}
         if seeds := sorted(hot.keys() & long.keys()):
-            diff = paired_difference([hot[s][1] - long[s][1] for s in seeds], words=("higher", "lower"))
+            diff = paired_difference([hot[s] - long[s] for s in seeds], words=("higher", "lower"))
             lines += ["", f"Final test accuracy, lr {lr} minus lr 1e-4 (10 rounds each), same seed: {diff}"]
     return "\n".join(lines)
 
@@ -154,7 +149,7 @@ def audit_tables(roots: list[Path]) -> str:
     """The activation-inversion table over seeds, its same-seed differences, what the runs learnt, update
     leakage and exposure."""
     results = audits(roots)
-    return "\n\n".join([inversion_table(results), inversion_differences(results), utility_table(roots),
+    return "\n\n".join([inversion_table(results), inversion_differences(results), utility_table(results),
                          leakage_tables(results)])
 
 
