@@ -42,7 +42,7 @@ def setting(config: dict) -> tuple[str, str, str]:
 
 def load(roots: list[Path]) -> dict[tuple[str, str, str], list[dict]]:
     """setting -> one record per seed: {'seed', 'task', 'curve': {round: score}, 'em': final EM or None,
-    'loss': (start, final) test loss or None, 'loss_curve': {round: test loss}}."""
+    'loss_curve': {round: test loss}, empty when the task reports none}."""
     runs: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for metrics in sorted(p for root in roots for p in root.rglob("metrics.jsonl")):
         config = yaml.safe_load((metrics.parent / "config.yaml").read_text())
@@ -56,7 +56,6 @@ def load(roots: list[Path]) -> dict[tuple[str, str, str], list[dict]]:
         loss = {r["round"]: r["test_loss"] for r in rows if "test_loss" in r}
         runs[setting(config)].append({"seed": config["seed"], "task": task, "curve": curve,
                                       "em": last.get("test_exact_match"), "rounds": config["protocol"]["rounds"],
-                                      "loss": (loss[min(loss)], loss[max(loss)]) if loss else None,
                                       "loss_curve": loss})
     return runs
 
@@ -71,7 +70,13 @@ def final(rec: dict) -> float:
     return rec["curve"][max(rec["curve"])]
 
 
-MEASURES = {"headline": final, "test loss": lambda rec: rec["loss"][1] if rec["loss"] else math.nan}
+def loss_ends(rec: dict) -> tuple[float, float] | None:
+    """(start, final) test loss of a run, or None without one."""
+    curve = rec["loss_curve"]
+    return (curve[min(curve)], curve[max(curve)]) if curve else None
+
+
+MEASURES = {"headline": final, "test loss": lambda rec: loss_ends(rec)[1] if rec["loss_curve"] else math.nan}
 
 
 def tables(runs: dict[tuple[str, str, str], list[dict]]) -> str:
@@ -99,7 +104,7 @@ def tables(runs: dict[tuple[str, str, str], list[dict]]) -> str:
             points = " ".join(f"{t}:{statistics.mean(r['curve'][t] for r in recs):.3f}" for t in rounds)
             em = [r["em"] for r in recs if r["em"] is not None]
             extra = f"  (final EM {fmt(em)})" if em else ""
-            losses = [r["loss"] for r in recs if r["loss"]]
+            losses = [loss_ends(r) for r in recs if r["loss_curve"]]
             if losses:
                 extra += (f"  test loss {statistics.mean(a for a, _ in losses):.2f} -> "
                           f"{statistics.mean(b for _, b in losses):.2f}")
@@ -154,8 +159,9 @@ def gap_shares(runs: dict[tuple[str, str, str], list[dict]]) -> str:
             continue
         # (FedAvg's, centralized's) (start, final); "at equal examples" stops centralized after its first epoch,
         # which saw fewer examples than any federated run here
-        measures = {"test loss": lambda f, c: (f["loss"], c["loss"]),
-                    "test loss, centralized epoch 1": lambda f, c: (f["loss"], (c["loss"][0], c["loss_curve"][1]))}
+        measures = {"test loss": lambda f, c: (loss_ends(f), loss_ends(c)),
+                    "test loss, centralized epoch 1": lambda f, c: (loss_ends(f), (c["loss_curve"][0],
+                                                                                   c["loss_curve"][1]))}
         if fed[seeds[0]]["task"] != "seq2seq":
             measures["headline"] = lambda f, c: ((f["curve"][0], final(f)), (c["curve"][0], final(c)))
         for measure, get in measures.items():
