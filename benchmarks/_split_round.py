@@ -9,7 +9,7 @@ import torch
 
 from fedlm.config import SplitConfig
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.executor import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.store import ClientStore
 from fedlm.split.executor import SplitExecutor

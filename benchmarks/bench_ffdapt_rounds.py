@@ -42,17 +42,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from fedlm.config import ExperimentConfig
 from fedlm.config.experiment import read_yaml, set_dotted, validate
 from fedlm.data.sources import resolve_data_dir
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport, EngineHooks, Executor, RoundEngine
+from fedlm.federation.engine import EngineHooks, RoundEngine
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport, Executor
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import NamedTensors, snapshot
-from fedlm.federation.privacy import PrivacySpec
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.store import make_client_store
-from fedlm.federation.strategies import build_strategy
 from fedlm.run.policy import run_policy
 from fedlm.run.prepare import Prepared, prepare
-from fedlm.run.single import private, round_plan, run_codec
+from fedlm.run.single import round_plan, run_codec, run_strategy
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "fdapt.yaml"
 WINDOW = {"epsilon": 2, "gamma": 1.0}  # the recipe's FFDAPT settings
@@ -76,7 +75,7 @@ def recipe_config(recipe: dict, clients: int, abstracts: int | None, rounds: int
     return validate(raw)
 
 
-class CpuTimed:
+class CpuTimed(Executor):
     """The executor, with the process CPU seconds of each ``run`` (the round's clients) kept in ``last_s``:
     with one thread, CPU time leaves out the time spent waiting for a core (though not what sharing a core's
     caches and memory bandwidth costs, so load still moves it)."""
@@ -88,7 +87,7 @@ class CpuTimed:
     def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
         began = time.process_time()
         try:
-            return self.executor.run(jobs)
+            return list(self.executor.run(jobs))
         finally:
             self.last_s = time.process_time() - began
 
@@ -124,14 +123,13 @@ def build_arm(label: str, prep: Prepared, config: ExperimentConfig, initial: Nam
     store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
                               store_dir)
     codec = run_codec(config.protocol)
-    settings = LocalSettings.from_config(config.train, PrivacySpec.from_config(config.privacy).client_settings())
+    settings = LocalSettings.from_config(config.train)
     records: list[dict[str, Any]] = []
-    hooks = EngineHooks(record=records.append, frozen_for=policy.frozen_for)
+    hooks = EngineHooks(record=lambda record: records.append(record.to_dict()))
     executor = CpuTimed(InProcessExecutor(prep.model, prep.task, prep.client_train, codec, store,
                                           policy.local_names))
-    engine = RoundEngine(strategy=private(build_strategy(config.protocol), arm_prep, plan, n_clients),
-                         executor=executor, codec=codec, client_ids=list(range(n_clients)), settings=settings,
-                         plan=plan, hooks=hooks)
+    engine = RoundEngine(strategy=run_strategy(arm_prep, plan), executor=executor, codec=codec,
+                         client_ids=list(range(n_clients)), settings=settings, plan=plan, hooks=hooks, sharing=policy)
     return Arm(label, policy, engine, executor, {n: initial[n].clone() for n in policy.global_names}, records)
 
 

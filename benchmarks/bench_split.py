@@ -13,7 +13,7 @@
     <= 1.10.
 (b) gRPC over loopback with TLS (:func:`~fedlm.split.certs.throwaway_certificates`), same model and cuts:
     time per step over in process, and wire payload bytes per step in each direction from the transport's
-    counters (gRPC envelope, HTTP/2 and TLS framing not counted; see :mod:`fedlm.split.grpc`).
+    counters (gRPC envelope, HTTP/2 and TLS framing not counted; see :mod:`fedlm.split.envelope`).
 (c) Thin-client memory. BERT-base shape (hidden 768, 12 blocks, 12 heads, intermediate 3072, vocab 30,522,
     MLM head, random weights, seq 128, batch 8): peak RSS growth of one training step of a split client
     that materialises only the bottom and top parameters (the model is built on the ``meta`` device; the
@@ -55,7 +55,8 @@ from transformers import BertConfig, BertForMaskedLM
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
-from fedlm.split.grpc import GrpcTransport, serve_trunk
+from fedlm.split.grpc_client import GrpcTransport
+from fedlm.split.grpc_server import serve_trunk
 from fedlm.split.transport import InProcessTransport, Transport
 from fedlm.split.trunk import TrunkBackend
 

@@ -23,7 +23,7 @@ from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientJob
+from fedlm.federation.executor import ClientJob
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import snapshot, trainable_names
 from fedlm.models.cut import Activations, Cut, SplitModel

@@ -165,7 +165,7 @@ def test_a_record_torn_by_a_crash_while_appended_is_dropped_on_resume(tmp_path, 
     real_log = RunRecorder.log_round
 
     def torn_log(self, record):
-        if record["round"] != CRASH_ROUND:
+        if record.round != CRASH_ROUND:
             return real_log(self, record)
         with self.metrics_path.open("a") as fh:
             fh.write('{"round": 2, "train_lo')

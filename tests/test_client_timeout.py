@@ -13,15 +13,16 @@ from flwr.app import Context, Message, RecordDict
 from fedlm.config import SplitConfig, dump_config, validate
 from fedlm.federation.client_round import ClientAbandoned, call_with_deadline, fit_client
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientFailure, ClientJob, EngineHooks, RoundEngine, RoundPlan
+from fedlm.federation.engine import EngineHooks, RoundEngine, RoundPlan
+from fedlm.federation.executor import ClientFailure, ClientJob
 from fedlm.federation.local_training import LocalSettings, local_seed
 from fedlm.federation.params import snapshot, trainable_names
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import FedAvg
 from fedlm.flower.client import ClientRuntime
+from fedlm.flower.executor import FlowerExecutor
 from fedlm.flower.messages import job_content
-from fedlm.flower.server import FlowerExecutor
 from fedlm.models.build import build_model
 from fedlm.run.prepare import prepare
 from fedlm.split.executor import SplitExecutor
@@ -65,7 +66,8 @@ def _engine(prep, fit_fn, rounds: int) -> tuple[RoundEngine, list[dict]]:
     plan = RoundPlan(rounds=rounds, clients_per_round=4, min_clients=1, max_retries=0, timeout_s=TIMEOUT_S,
                      seed=prep.config.seed)
     engine = RoundEngine(FedAvg(), executor, get_codec("fp32"), list(prep.client_train),
-                         LocalSettings.from_config(prep.config.train), plan, EngineHooks(record=records.append))
+                         LocalSettings.from_config(prep.config.train), plan,
+                         EngineHooks(record=lambda r: records.append(r.to_dict())))
     return engine, records
 
 

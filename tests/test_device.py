@@ -19,7 +19,7 @@ from fedlm.models.device import check_precision, resolve_device
 from fedlm.run.prepare import prepare
 from fedlm.run.recorder import RunRecorder, read_metrics
 from fedlm.run.single import run_single
-from fedlm.split.modes import build_trunk_backend
+from fedlm.split.modes import TrunkChoice
 from fedlm.split.trunk import TrunkBackend
 from fedlm.tasks import get_task
 from tests.conftest import make_sentences, tiny_config
@@ -198,9 +198,8 @@ def test_evaluation_autocasts_and_scores_close_to_fp32(classifier, precision):
     probe = DtypeProbe(first_linear(model))
     scores = {}
     for name in ("fp32", precision):
-        task.precision = name
-        scores[name] = task.evaluate(model, rows, 16, torch.Generator().manual_seed(0))
-    task.precision = "fp32"
+        evaluator = get_task(task.name, task.bound_tokenizer, precision=name)
+        scores[name] = evaluator.evaluate(model, rows, 16, torch.Generator().manual_seed(0))
     probe.remove()
     assert probe.dtypes == {torch.float32, HALF[precision]} and model.training
     assert scores[precision].keys() == scores["fp32"].keys()
@@ -272,5 +271,5 @@ def test_the_trunk_computes_under_autocast_and_answers_in_its_own_dtype(classifi
 def test_fp16_is_refused_for_split_learning_in_one_line(classifier):
     split = three_block_split(classifier)
     with pytest.raises(UserError, match=r"train\.precision = 'fp16' is not for split learning.*use bf16") as err:
-        build_trunk_backend(split, SplitConfig(), LocalSettings(precision="fp16"))
+        TrunkChoice.of(SplitConfig()).backend(split, LocalSettings(precision="fp16"))
     assert "\n" not in str(err.value)

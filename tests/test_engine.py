@@ -103,7 +103,7 @@ def test_failed_clients_are_left_out_and_the_round_completes(tmp_path, tiny_csv,
 
     records = []
     engine, initial = _engine(prep, FedAvg(), clients_per_round=4, fit_fn=faulty, min_clients=1)
-    engine.hooks.record = records.append
+    engine.hooks.record = lambda r: records.append(r.to_dict())
     out = engine.run(initial)
     reasons = {f["client"]: f["reason"] for f in records[0]["failed"]}
     assert set(reasons) == {0, 1, 2}

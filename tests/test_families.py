@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 from transformers.masking_utils import create_causal_mask
 
 from fedlm.config import SharingConfig
+from fedlm.config.protocol_kinds import PROTOCOL_KINDS
 from fedlm.errors import UserError
 from fedlm.federation.sharing import build_policy, num_blocks, select
 from fedlm.models.cut import Cut, SplitModel
@@ -74,7 +75,7 @@ def test_critical_layer_picks_the_embeddings_and_lower_blocks_by_identity(family
     embedding = {n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight}
     assert {groups[n] for n in embedding} == {"embeddings"}
 
-    policy = build_policy(SharingConfig(critical_layer=1), "fedavg", names, {0: 1}, groups)
+    policy = build_policy(SharingConfig(critical_layer=1), PROTOCOL_KINDS["fedavg"], names, {0: 1}, groups)
     block0 = _block_param_names(model, 0, 0)
     assert block0 and block0 <= set(policy.global_names)
     assert embedding <= set(policy.global_names)
@@ -94,7 +95,7 @@ def test_encoder_decoder_blocks_count_encoder_first_and_refuse_a_cut_in_one_line
     groups = parameter_groups(model)
     decoder_first = set(select(f"block {LAYERS + 1}", names, "test", groups))
     assert decoder_first == _block_param_names(model, 1, 0)
-    policy = build_policy(SharingConfig(critical_layer=LAYERS), "fedavg", names, {0: 1}, groups)
+    policy = build_policy(SharingConfig(critical_layer=LAYERS), PROTOCOL_KINDS["fedavg"], names, {0: 1}, groups)
     encoder = set().union(*(_block_param_names(model, 0, b) for b in range(LAYERS)))
     assert encoder <= set(policy.global_names) and decoder_first <= set(policy.local_names)
     with pytest.raises(UserError, match=f"cannot cut a {family} model") as error:

@@ -28,10 +28,12 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedlm.config import ExperimentConfig, dump_config, validate
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.strategies import ClientUpdate
+from fedlm.flower.app import build_server_app
 from fedlm.flower.client import build_client_app, client_app
+from fedlm.flower.executor import FlowerExecutor
 from fedlm.flower.localdeploy import trunk_credentials
 from fedlm.flower.messages import (
     codec_from_content,
@@ -43,7 +45,6 @@ from fedlm.flower.messages import (
 )
 from fedlm.flower.nodes import discover_clients
 from fedlm.flower.relay import RelayStore
-from fedlm.flower.server import FlowerExecutor, build_server_app
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from tests.conftest import tiny_config
@@ -262,7 +263,8 @@ def test_executor_turns_replies_into_reports_and_failures(task_identity):
     })
     nodes = {0: 100, 1: 101, 2: 102, 3: 103, 4: 104}
     seen = []
-    executor = FlowerExecutor(grid, nodes, get_codec("fp16"), "name: x", timeout_s=5.0, progress=seen.append)
+    executor = FlowerExecutor(grid, nodes, get_codec("fp16"), "name: x", timeout_s=5.0,
+                              observer=types.SimpleNamespace(client_done=seen.append))
     results = executor.run([_job(cid) for cid in (0, 1, 2, 3, 4, 5)])
 
     report = results[0]

@@ -19,7 +19,8 @@ from flwr.app import Context, Message, RecordDict
 
 from fedlm.config import dump_config, validate
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientJob, RoundEngine
+from fedlm.federation.engine import RoundEngine
+from fedlm.federation.executor import ClientJob
 from fedlm.federation.local_training import LocalSettings
 from fedlm.flower import localdeploy, nodeapp
 from fedlm.flower.client import build_client_app

@@ -29,11 +29,11 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.flower.client import client_app
+from fedlm.flower.executor import FlowerExecutor
 from fedlm.flower.nodes import NodeDirectory, match_replies
-from fedlm.flower.server import FlowerExecutor
 from tests.test_flower import echo
 
 HEARTBEAT_S = 0.4  # a node is offline 2 x this after its last heartbeat (Flower's HEARTBEAT_PATIENCE)

@@ -10,12 +10,13 @@ from flwr.app import Context, Message, RecordDict
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientFailure, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientReport
 from fedlm.federation.strategies import ClientUpdate
+from fedlm.flower.executor import FlowerExecutor
 from fedlm.flower.messages import codec_from_content, is_relayed, job_content, job_from_content, report_content
+from fedlm.flower.placement import relay_wanted
 from fedlm.flower.relay import RelayClient, RelayError, RelayStore, digest_of, from_blob, serve_relay, to_blob
 from fedlm.flower.secagg import SecAggSettings
-from fedlm.flower.server import FlowerExecutor, relay_wanted
 from fedlm.split.certs import throwaway_certificates
 from tests.conftest import tiny_config
 from tests.test_flower import ScriptedGrid, _job, over_the_wire, task_identity  # noqa: F401 - fixture

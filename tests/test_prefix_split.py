@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fedlm.config import AdapterConfig, SharingConfig, validate
+from fedlm.config.protocol_kinds import PROTOCOL_KINDS
 from fedlm.errors import UserError
 from fedlm.federation.params import nbytes
 from fedlm.federation.sharing import build_policy, select
@@ -117,7 +118,7 @@ def test_critical_layer_and_block_selectors_pick_each_block_prefix_with_its_bloc
     model = _adapted("bert", "classification", tokenizer).model
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     groups = parameter_groups(model)
-    policy = build_policy(SharingConfig(critical_layer=critical), "fedavg", names, {0: 1}, groups)
+    policy = build_policy(SharingConfig(critical_layer=critical), PROTOCOL_KINDS["fedavg"], names, {0: 1}, groups)
     lower = {f"bert.encoder.layer.{b}.attention.self.prefix_kv.weight" for b in range(critical)}
     assert set(policy.global_names) == lower  # blocks 1..c; the frozen embeddings are not trainable names
     assert set(_prefix(policy.local_names)) == {

@@ -15,14 +15,15 @@ from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.dp_sgd import refuse_unsupported
-from fedlm.federation.engine import ClientJob
+from fedlm.federation.executor import ClientJob
 from fedlm.federation.local_training import LocalSettings, train_locally
+from fedlm.federation.opacus import epsilon
 from fedlm.federation.params import snapshot
 from fedlm.federation.privacy import (
+    ClientLevelDP,
     PrivacySpec,
-    PrivateStrategy,
+    SampleLevelDP,
     clip_update,
-    epsilon,
     noise_seed,
     private_mean,
 )
@@ -99,8 +100,7 @@ def test_dp_sgd_with_one_client_runs_and_reports_its_epsilon(tmp_path, tiny_csv)
 
 def test_sample_level_ledger_is_per_client_and_survives_a_checkpoint():
     spec = PrivacySpec(kind="sample", noise_multiplier=1.0)
-    ledger = PrivateStrategy(FedAvg(), spec, num_clients=3, clients_per_round=2, client_examples={0: 40, 1: 80, 2: 80},
-                             batch_size=8)
+    ledger = SampleLevelDP(FedAvg(), spec, client_examples={0: 40, 1: 80, 2: 80}, batch_size=8)
     ledger.account(1, [ClientUpdate(1, 80, {}, {"steps": 10.0}), ClientUpdate(2, 80, {}, {"steps": 10.0})])
     out = ledger.account(2, [ClientUpdate(0, 40, {}, {"steps": 5.0}), ClientUpdate(1, 80, {}, {"steps": 10.0})])
     each = {0: (0.2, 5), 1: (0.1, 20), 2: (0.1, 10)}  # (q = batch / examples, steps so far)
@@ -108,8 +108,7 @@ def test_sample_level_ledger_is_per_client_and_survives_a_checkpoint():
     worst = max(eps, key=eps.get)  # the run reports its worst-off client's guarantee
     assert (out["dp_epsilon_client"], out["dp_sample_rate"], out["dp_steps"]) == (worst, *each[worst])
     assert out["dp_epsilon"] == pytest.approx(eps[worst], rel=1e-6)
-    resumed = PrivateStrategy(FedAvg(), spec, num_clients=3, clients_per_round=2,
-                              client_examples={0: 40, 1: 80, 2: 80}, batch_size=8)
+    resumed = SampleLevelDP(FedAvg(), spec, client_examples={0: 40, 1: 80, 2: 80}, batch_size=8)
     resumed.load_state_dict(ledger.state_dict())
     assert resumed.steps == {1: 20, 2: 10, 0: 5} and resumed.rounds == 2
 
@@ -157,7 +156,7 @@ def test_noise_has_the_configured_standard_deviation():
 def test_z0_and_huge_clip_equal_the_strategy_bitwise(inner):
     """Equal example counts (DP-FedAvg weighs clients equally): no clipping and no noise is the plain strategy."""
     updates = updates_around(CURRENT, [0.3, 1.0, 2.0])
-    plain, private = inner(), PrivateStrategy(inner(), PrivacySpec("client", noise_multiplier=0.0, clip=1e9),
+    plain, private = inner(), ClientLevelDP(inner(), PrivacySpec("client", noise_multiplier=0.0, clip=1e9),
                                               num_clients=3, clients_per_round=3)
     for _ in range(2):  # FedOpt's moments too
         expected, got = plain.aggregate(CURRENT, updates), private.aggregate(CURRENT, updates)
@@ -167,7 +166,7 @@ def test_z0_and_huge_clip_equal_the_strategy_bitwise(inner):
 def test_noise_enters_before_the_server_optimizer():
     updates = updates_around(CURRENT, [0.3, 4.0])
     spec = PrivacySpec("client", noise_multiplier=2.0, clip=1.0)
-    private = PrivateStrategy(FedOpt("adam", 0.1), spec, num_clients=4, clients_per_round=2, seed=5)
+    private = ClientLevelDP(FedOpt("adam", 0.1), spec, num_clients=4, clients_per_round=2, seed=5)
     got = private.aggregate(CURRENT, updates)
     # the same noise (round 1's stream), averaged first, then one FedAdam step on the noised pseudo-gradient
     generator = torch.Generator().manual_seed(noise_seed(5, 1))

@@ -56,15 +56,15 @@ class CountingProgress(RoundProgress):
         self.rounds_seen: list[dict] = []
         CountingProgress.made.append(self)
 
-    def step(self, client_id: int) -> None:
+    def client_step(self, client_id: int) -> None:
         self.heard += 1
-        super().step(client_id)
+        super().client_step(client_id)
 
-    def round_done(self, round_idx: int, record: dict) -> None:
+    def round_done(self, record) -> None:
         self.rounds_seen.append({"total": self.steps_bar.total, "n": self.steps_bar.n, "heard": self.heard,
-                                 "clients": record["clients"]})
+                                 "clients": record.clients})
         self.heard = 0
-        super().round_done(round_idx, record)
+        super().round_done(record)
 
 
 def expected_steps(sizes: list[int], clients: list[int], batch_size: int, epochs: int, steps: int | None) -> int:

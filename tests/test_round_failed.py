@@ -10,8 +10,9 @@ import yaml
 
 from fedlm.config import validate
 from fedlm.errors import RunStopped
-from fedlm.federation.engine import ClientFailure
+from fedlm.federation.executor import ClientFailure
 from fedlm.federation.simulation import InProcessExecutor
+from fedlm.run.placement import Simulation
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from tests.conftest import tiny_config
@@ -45,7 +46,7 @@ def test_the_run_resumes_from_the_round_before_the_failed_one(tmp_path, tiny_csv
 
     run_dir = tmp_path / "run"
     with pytest.raises(RunStopped, match="round 2: fewer than 1 clients reported") as stopped:
-        run_single(config, tiny_csv, run_dir, executor_factory=DownInRound2)
+        run_single(config, tiny_csv, run_dir, placement=Simulation(DownInRound2))
     assert stopped.value.exit_code == 3
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]
     run_single(config, tiny_csv, run_dir, resume=True)
@@ -65,7 +66,7 @@ def test_resume_without_a_checkpoint_starts_over_without_a_second_starting_point
             return [ClientFailure(job.client_id, "exception: RuntimeError: node down") for job in jobs]
 
     with pytest.raises(RunStopped):
-        run_single(config, tiny_csv, tmp_path / "run", executor_factory=DownInRound1)
+        run_single(config, tiny_csv, tmp_path / "run", placement=Simulation(DownInRound1))
     run_single(config, tiny_csv, tmp_path / "run", resume=True)
     assert [r["round"] for r in read_metrics(tmp_path / "run")] == [0, 1]
 

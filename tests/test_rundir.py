@@ -13,6 +13,7 @@ from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.run.grid import resume_run, run_config
+from fedlm.run.placement import Simulation
 from fedlm.run.recorder import read_metrics
 from fedlm.run.rundir import END_LINE
 from fedlm.run.single import run_single
@@ -92,7 +93,7 @@ def test_an_unfinished_run_is_not_restarted_by_accident(tmp_path, tiny_csv, one_
 
     run_dir = tmp_path / "runs" / "keep"
     with pytest.raises(KeyboardInterrupt):
-        run_single(config, tiny_csv, run_dir, executor_factory=StopInRound2)
+        run_single(config, tiny_csv, run_dir, placement=Simulation(StopInRound2))
     with pytest.raises(UserError, match=f"already holds an unfinished run; continue it with `fedlm run --resume "
                                         f"{run_dir}`"):
         run_config(config, tiny_csv)
@@ -125,7 +126,7 @@ def test_rerun_interrupted_before_its_first_checkpoint_never_resumes_the_old_run
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_single(validate(raw), tiny_csv, run_dir, overwrite=True, executor_factory=StopInRound1)
+        run_single(validate(raw), tiny_csv, run_dir, overwrite=True, placement=Simulation(StopInRound1))
     assert not (run_dir / "checkpoint").exists()  # A's checkpoint went with A
     resume_run(run_dir, tiny_csv)
     fresh = tmp_path / "fresh"

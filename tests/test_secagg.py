@@ -19,14 +19,15 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import weighted_mean
 from fedlm.flower import secagg
 from fedlm.flower.messages import codec_from_content, job_content, job_from_content
+from fedlm.flower.placement import secure_settings
 from fedlm.flower.secagg import SecAggSettings, error_bound, masked_reply, quantization_range
 from fedlm.flower.secagg_mod import secure_aggregation_mod
-from fedlm.flower.server import SecureFlowerExecutor, secure_settings
+from fedlm.flower.secure_executor import SecureFlowerExecutor
 from tests.conftest import tiny_config
 from tests.test_flower import (
     ScriptedGrid,

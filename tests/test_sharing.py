@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from fedlm.config import SharingConfig, validate
+from fedlm.config.protocol_kinds import PROTOCOL_KINDS
 from fedlm.errors import UserError
 from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientJob
+from fedlm.federation.executor import ClientJob
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import nbytes
 from fedlm.federation.sharing import FreezeWindow, build_policy, layer_of, num_blocks, select
@@ -20,6 +21,7 @@ from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.store import DiskClientStore
 from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt
 from fedlm.models.build import FAMILIES, build_model, build_tokenizer
+from fedlm.run.placement import Simulation
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from tests.conftest import make_sentences, tiny_config
@@ -60,16 +62,16 @@ def test_every_parameter_is_embeddings_a_block_or_head_in_every_family(family_mo
 
 def test_critical_layer_splits_embeddings_and_lower_blocks_from_the_rest(family_models):
     names = [n for n, _ in family_models["bert"].named_parameters()]
-    half = build_policy(_sharing(critical_layer=1), "fedavg", names, {})
+    half = build_policy(_sharing(critical_layer=1), PROTOCOL_KINDS["fedavg"], names, {})
     assert {layer_of(n) for n in half.global_names} == {"embeddings", 0}
     assert {layer_of(n) for n in half.local_names} == {1, "head"}
     assert sorted(half.global_names + half.local_names) == sorted(names) and half.personalized
-    assert build_policy(_sharing(critical_layer=0), "fedavg", names, {}).global_names == []
-    full = build_policy(_sharing(critical_layer=2), "fedavg", names, {})
+    assert build_policy(_sharing(critical_layer=0), PROTOCOL_KINDS["fedavg"], names, {}).global_names == []
+    full = build_policy(_sharing(critical_layer=2), PROTOCOL_KINDS["fedavg"], names, {})
     assert full.global_names == names and not full.personalized  # c = L is FedAvg
-    assert build_policy(_sharing(), "isolated", names, {}).global_names == []
+    assert build_policy(_sharing(), PROTOCOL_KINDS["isolated"], names, {}).global_names == []
     with pytest.raises(UserError, match="critical_layer = 3: this model has 2 blocks"):
-        build_policy(_sharing(critical_layer=3), "fedavg", names, {})
+        build_policy(_sharing(critical_layer=3), PROTOCOL_KINDS["fedavg"], names, {})
 
 
 def test_selectors_and_their_errors(family_models):
@@ -77,12 +79,12 @@ def test_selectors_and_their_errors(family_models):
     assert {layer_of(n) for n in select("blocks 1-2", names, "x")} == {0, 1}
     assert {layer_of(n) for n in select("block 2", names, "x")} == {1}
     assert select("re:ln_f", names, "x") == ["transformer.ln_f.weight", "transformer.ln_f.bias"]
-    policy = build_policy(_sharing(frozen=["embeddings"], local=["head"]), "fedavg", names, {})
+    policy = build_policy(_sharing(frozen=["embeddings"], local=["head"]), PROTOCOL_KINDS["fedavg"], names, {})
     assert set(policy.frozen_names) == {"transformer.wte.weight", "transformer.wpe.weight"}
     assert not set(policy.frozen_names) & set(policy.global_names + policy.local_names)
     assert {layer_of(n) for n in policy.local_names} == {"head"}
     with pytest.raises(UserError, match=r"sharing\.local: selector 'block 9' matches no trainable parameter"):
-        build_policy(_sharing(local=["block 9"]), "fedavg", names, {})
+        build_policy(_sharing(local=["block 9"]), PROTOCOL_KINDS["fedavg"], names, {})
     with pytest.raises(UserError, match="unknown selector 'top'"):
         select("top", names, "sharing.frozen")
 
@@ -154,8 +156,8 @@ def test_local_parts_persist_for_clients_not_sampled_every_round(tmp_path, tiny_
     seen: dict[int, list] = {}
     last: dict[int, dict] = {}
 
-    def recording_fit(model, task, rows, job, codec, local_state, local_names):
-        report, local = fit_client(model, task, rows, job, codec, local_state, local_names)
+    def recording_fit(model, task, rows, job, codec, local_state, local_names, **steps):
+        report, local = fit_client(model, task, rows, job, codec, local_state, local_names, **steps)
         seen.setdefault(job.client_id, []).append((job.round_idx, local_state))
         if job.client_id in last:  # what it gets back is what it kept last time, not the initial state
             assert all(torch.equal(local_state[n], last[job.client_id][n]) for n in local_names)
@@ -166,7 +168,7 @@ def test_local_parts_persist_for_clients_not_sampled_every_round(tmp_path, tiny_
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **{**kwargs, "fit_fn": recording_fit})
 
-    run_single(validate(raw), tiny_csv, tmp_path / "persist", executor_factory=Recording)
+    run_single(validate(raw), tiny_csv, tmp_path / "persist", placement=Simulation(Recording))
     assert any(len(v) >= 2 for v in seen.values())  # some client came back after sitting out
     assert len(list((tmp_path / "persist" / "client_states" / "committed").glob("*.pt"))) == len(seen)
 

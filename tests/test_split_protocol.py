@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 from fedlm.config import SplitConfig, validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.executor import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings, batch_order, make_optimizer
 from fedlm.federation.params import snapshot
 from fedlm.federation.store import ClientStore
@@ -27,7 +27,7 @@ from fedlm.run.single import run_single
 from fedlm.split.executor import SplitExecutor
 from fedlm.split.modes import TRUNK_MODES
 from fedlm.split.optimizer_state import OPTIMIZER_STATES
-from fedlm.split.parts import CLIENT_PARTS, client_copy
+from fedlm.split.parts import PARTS_POLICIES, client_copy
 from fedlm.split.transport import InProcessTransport
 from fedlm.split.trunk import TO_CLIENT, TO_SERVER, WIRE_DTYPES
 from fedlm.split.trunk_batching import BatchingTrunkBackend
@@ -139,7 +139,7 @@ def next_global(executor: SplitExecutor, start: dict, reports: list[ClientReport
 
 def test_every_choice_of_the_split_section_has_its_object():
     fields = SplitConfig.model_fields
-    for name, registry in (("trunk_mode", TRUNK_MODES), ("client_parts", CLIENT_PARTS),
+    for name, registry in (("trunk_mode", TRUNK_MODES), ("client_parts", PARTS_POLICIES),
                            ("optimizer_state", OPTIMIZER_STATES), ("transport", CONNECTIONS),
                            ("activation_dtype", WIRE_DTYPES)):
         assert set(registry) == set(get_args(fields[name].annotation)), name

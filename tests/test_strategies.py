@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import weighted_mean
 from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt, FedProx, sample_clients
 
@@ -25,7 +26,7 @@ def test_weighted_mean_rejects_zero_weight():
 
 def test_fedprox_is_fedavg_plus_mu():
     updates = [_update(0, 2, [1.0]), _update(1, 6, [5.0])]
-    assert FedProx(0.1).client_config() == {"mu": 0.1}
+    assert FedProx(0.1).configure(LocalSettings(mu=0.0)) == LocalSettings(mu=0.1)
     assert torch.equal(FedProx(0.1).aggregate({"w": torch.zeros(1)}, updates)["w"],
                        FedAvg().aggregate({"w": torch.zeros(1)}, updates)["w"])
 

@@ -18,8 +18,9 @@ from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split.certs import throwaway_certificates
 from fedlm.split.fair import RoundRobin
-from fedlm.split.grpc import GrpcTransport, serve_trunk
-from fedlm.split.modes import build_trunk_backend
+from fedlm.split.grpc_client import GrpcTransport
+from fedlm.split.grpc_server import serve_trunk
+from fedlm.split.modes import TrunkChoice
 from fedlm.split.transport import InProcessTransport, TransportError
 from fedlm.split.trunk import RejectedMessage, TrunkBackend, TrunkLimits
 
@@ -59,9 +60,9 @@ def _weights(backend: TrunkBackend) -> dict[str, torch.Tensor]:
 def test_limits_come_from_the_model_positions_the_run_max_length_and_batch_size(model):
     split = SplitModel(copy.deepcopy(model), Cut(1, 1))
     settings = LocalSettings(batch_size=8)
-    backend = build_trunk_backend(split, SplitConfig(bottom_blocks=1, top_blocks=1), settings, max_length=32)
+    backend = TrunkChoice.of(SplitConfig(bottom_blocks=1, top_blocks=1)).backend(split, settings, max_length=32)
     assert backend.limits == TrunkLimits(max_seq_len=32, max_tokens=8 * 32, max_position=64)
-    unbounded_run = build_trunk_backend(split, SplitConfig(bottom_blocks=1, top_blocks=1), settings)
+    unbounded_run = TrunkChoice.of(SplitConfig(bottom_blocks=1, top_blocks=1)).backend(split, settings)
     assert unbounded_run.limits.max_seq_len == 64  # the model's positions still bound it
 
 

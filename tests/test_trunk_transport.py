@@ -24,8 +24,10 @@ from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split import wire
 from fedlm.split.certs import throwaway_certificates
-from fedlm.split.grpc import SESSION_METHOD, GrpcTransport, pack_envelope, serve_trunk, unpack_envelope
-from fedlm.split.modes import build_trunk_backend
+from fedlm.split.envelope import SESSION_METHOD, pack_envelope, unpack_envelope
+from fedlm.split.grpc_client import GrpcTransport
+from fedlm.split.grpc_server import serve_trunk
+from fedlm.split.modes import TrunkChoice
 from fedlm.split.transport import InProcessTransport, TransportError
 from fedlm.split.trunk import (
     TO_CLIENT,
@@ -254,7 +256,7 @@ def test_step_through_both_transports_equals_the_direct_step(model, batch, certs
                            "attention_mask": ("int64", tuple(batch["attention_mask"].shape))}
         assert sent_before == 0
         counts[name] = (transport.bytes_sent, transport.bytes_received)
-    # gRPC's envelope (documented in fedlm.split.grpc) is not counted: payload bytes match exactly
+    # gRPC's envelope (documented in fedlm.split.envelope) is not counted: payload bytes match exactly
     assert counts["grpc"] == counts["in-process"]
     hidden = torch.zeros(*batch["input_ids"].shape, HIDDEN)
     grad_bytes = hidden.numel() * 4 + wire.header_length(wire.encode({"grad": hidden}))
@@ -505,7 +507,7 @@ def test_the_trunk_factory_takes_cut_clipping_and_precision_from_the_config(mode
     spec = SplitConfig(bottom_blocks=1, top_blocks=1, activation_dtype="bfloat16")
     max_norm = 1e-3
     split = SplitModel(copy.deepcopy(model), Cut(spec.bottom_blocks, spec.top_blocks))
-    backend = build_trunk_backend(split, spec, LocalSettings(optimizer="sgd", lr=LR, max_grad_norm=max_norm))
+    backend = TrunkChoice.of(spec).backend(split, LocalSettings(optimizer="sgd", lr=LR, max_grad_norm=max_norm))
     assert len(backend.trunk.blocks) == 1
     client = SplitModel(copy.deepcopy(model), Cut(1, 1))
     with pytest.raises(TransportError, match=r"this trunk takes activations and gradients in torch\.bfloat16"):
@@ -538,7 +540,7 @@ def test_trunk_serve_builds_its_trunk_from_the_split_section(tmp_path, tiny_csv,
         return types.SimpleNamespace(port=50051, server=types.SimpleNamespace(wait_for_termination=lambda: None),
                                      stop=lambda grace: served.update(stopped=True))
 
-    monkeypatch.setattr("fedlm.split.grpc.serve_trunk", serve)
+    monkeypatch.setattr("fedlm.split.grpc_server.serve_trunk", serve)
     assert main(["trunk", "serve", "--config", config, "--tokens-file", tokens, "--insecure"]) == 0
     backend = served["backend"]
     assert len(backend.trunk.blocks) == 1 and backend.max_grad_norm == 0.25

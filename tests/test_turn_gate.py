@@ -15,18 +15,19 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from fedlm.config import SplitConfig, validate
 from fedlm.errors import UserError
 from fedlm.federation.codecs import Codec, get_codec
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import snapshot
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies.fedavg import FedAvg
-from fedlm.flower.server import dispatch_wanted
+from fedlm.flower.placement import dispatch_wanted
 from fedlm.models.build import build_model
 from fedlm.run.prepare import prepare
 from fedlm.split.certs import throwaway_certificates
 from fedlm.split.client import call_trunk, client_steps, run_client_turn
 from fedlm.split.executor import SplitExecutor
-from fedlm.split.grpc import GrpcTransport, serve_trunk
+from fedlm.split.grpc_client import GrpcTransport
+from fedlm.split.grpc_server import serve_trunk
 from fedlm.split.parts import client_copy, split_model
 from fedlm.split.transport import TransportError
 from fedlm.split.trunk import TrunkBackend

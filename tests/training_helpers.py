@@ -19,6 +19,7 @@ from transformers import AutoModelForSequenceClassification
 
 from fedlm.config import validate
 from fedlm.federation.simulation import InProcessExecutor
+from fedlm.run.placement import Simulation
 from fedlm.run.recorder import RunRecorder, read_metrics
 from fedlm.run.single import run_single
 from fedlm.tasks import Task
@@ -106,7 +107,7 @@ def stop_at_round(round_idx: int) -> type[InProcessExecutor]:
 def run_until_interrupted(config, source: Path, run_dir: Path, round_idx: int) -> None:
     """Runs ``config`` into ``run_dir`` until round ``round_idx`` crashes (asserted): what a resume picks up."""
     with pytest.raises(Interrupt):
-        run_single(config, source, run_dir, executor_factory=stop_at_round(round_idx))
+        run_single(config, source, run_dir, placement=Simulation(stop_at_round(round_idx)))
 
 
 def cli_run(raw: dict, config_path: Path, data_dir: Path) -> None:

@@ -16,7 +16,7 @@ import warnings
 
 from opacus.accountants.utils import get_noise_multiplier
 
-from fedlm.federation.privacy import epsilon
+from fedlm.federation.opacus import epsilon
 
 DELTA = 1e-5
 TARGETS = (1.0, 3.0, 8.0)

@@ -23,8 +23,8 @@ from fedlm.audit.scores import bleu4, chance_accuracy, decode_rows, token_accura
 from fedlm.audit.target import AuditTarget
 from fedlm.federation.params import load_into
 from fedlm.models.cut import SplitModel
+from fedlm.split.modes import TrunkChoice
 from fedlm.split.parts import split_model
-from fedlm.split.trunk import WIRE_DTYPES
 
 log = logging.getLogger("fedlm")
 
@@ -57,7 +57,7 @@ def activation_audit(target: AuditTarget, public_texts: Sequence[str], client_id
     if settings.seed is None:
         settings = replace(settings, seed=target.config.seed)
     torch.manual_seed(settings.seed)  # the dropout draws of the recomputed messages
-    wire_dtype = WIRE_DTYPES[spec.activation_dtype]
+    wire_dtype = TrunkChoice.of(spec).wire_dtype
     public_split = split_model(prep.model, spec)
     trained_model = copy.deepcopy(prep.model)
     trained_split = split_model(trained_model, spec)

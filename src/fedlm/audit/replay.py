@@ -16,15 +16,15 @@ from fedlm.audit.target import AuditTarget
 from fedlm.audit.update_leakage import Upload
 from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import Codec, Encoded
-from fedlm.federation.engine import ClientJob, ClientReport
-from fedlm.federation.local_training import LocalSettings, local_seed, round_lr
+from fedlm.federation.engine import round_settings
+from fedlm.federation.executor import ClientJob, ClientReport
+from fedlm.federation.local_training import LocalSettings, local_seed
 from fedlm.federation.params import NamedTensors, load_into
-from fedlm.federation.privacy import PrivacySpec
 from fedlm.federation.store import ClientStore
-from fedlm.federation.strategies import build_strategy
 from fedlm.federation.strategies.base import sample_clients
-from fedlm.run.single import round_plan, run_codec
+from fedlm.run.single import round_plan, run_codec, run_strategy
 from fedlm.split.executor import SplitExecutor
+from fedlm.split.setup import SplitSetup
 
 
 @dataclass
@@ -44,11 +44,10 @@ def replay_round(target: AuditTarget, client_ids: Sequence[int]) -> Replay:
     round_idx = target.round + 1
     codec = run_codec(config.protocol)
     global_params = target.global_params()
-    # as run_single builds them: a sample-level DP run's clients train by DP-SGD, so their uploads are noised
-    base = LocalSettings.from_config(config.train, PrivacySpec.from_config(config.privacy).client_settings())
-    settings = LocalSettings(**{**base.__dict__, **build_strategy(config.protocol).client_config(),
-                                "lr": round_lr(base.lr, config.train.lr_schedule, round_idx, config.protocol.rounds)})
     plan = round_plan(config, config.num_clients())
+    # as the engine builds them: a sample-level DP run's clients train by DP-SGD, so their uploads are noised
+    settings = round_settings(LocalSettings.from_config(config.train), run_strategy(target.prep, plan), plan,
+                              round_idx)
     sampled = sample_clients(list(range(config.num_clients())), plan.clients_per_round, config.seed, round_idx)
     model = copy.deepcopy(target.prep.model)  # the public model stays as it was built
     load_into(model, global_params)
@@ -91,8 +90,9 @@ def _split(target: AuditTarget, model: torch.nn.Module, client_ids: Sequence[int
     for cid in client_ids:
         store.put(cid, target.client_state(cid))
     rows = {cid: target.prep.client_train[cid] for cid in client_ids}
+    setup = SplitSetup.cut(model, spec)
     executor = SplitExecutor(model, spec, target.prep.task, rows, codec, store, settings, hook=replay.messages,
-                             max_length=target.config.model.max_length)
+                             max_length=target.config.model.max_length, setup=setup)
     sent = codec.encode(executor.downlink(global_params))
     decoded_sent = codec.decode(sent)
     names = {n for n, _ in model.named_parameters()}
@@ -104,8 +104,8 @@ def _split(target: AuditTarget, model: torch.nn.Module, client_ids: Sequence[int
                 replay.failures[cid] = result.reason
                 continue
             # what left the client: its report's shared parts, or (share) the parts the server relays on
-            received = {**result.update.params, **executor.policy.server_params()}
-            received = {n: received[n] for n in executor.parts.shared if n in received}
+            received = {**result.update.params, **executor.parts_policy.server_params()}
+            received = {n: received[n] for n in setup.parts.shared if n in received}
             replay.violations += upload_violations(received, names, result.update.metrics)
             replay.uploads.append(Upload(cid, decoded_sent, received))
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -14,14 +13,12 @@ from fedlm.config import ExperimentConfig
 from fedlm.errors import UserError
 from fedlm.federation.params import NamedTensors, snapshot
 from fedlm.federation.sharing import SharingPolicy
-from fedlm.federation.store import ClientStore
-from fedlm.run.checkpoint import load_checkpoint
+from fedlm.federation.store import STATES_DIR, read_client_state
+from fedlm.run.checkpoint import Checkpoint, load_checkpoint
 from fedlm.run.policy import run_policy
 from fedlm.run.prepare import Prepared, prepare
 from fedlm.run.recorder import RunRecorder
 from fedlm.run.rundir import read_written_config
-
-FEDAVG_FAMILY = ("fedavg", "fedprox", "fedopt")
 
 
 @dataclass
@@ -33,34 +30,27 @@ class AuditTarget:
     prep: Prepared
     policy: SharingPolicy
     public: NamedTensors
-    checkpoint: dict[str, Any] | None
+    checkpoint: Checkpoint | None
 
     @property
     def round(self) -> int:
         """The round the checkpoint closed (0: no checkpoint, the starting point)."""
-        return int(self.checkpoint["round"]) if self.checkpoint is not None else 0
+        return self.checkpoint.round if self.checkpoint is not None else 0
 
     def global_params(self) -> NamedTensors:
         """The global parameters after the checkpoint's round (the start's without one)."""
         if self.checkpoint is None:
             return {n: self.public[n] for n in self.policy.global_names}
-        return dict(self.checkpoint["global"])
+        return dict(self.checkpoint.global_params)
 
     def client_state(self, client_id: int) -> NamedTensors:
         """A client's kept parameters at the checkpoint, read without touching the run's files."""
         initial = {n: self.public[n] for n in self.policy.local_names}
         if self.checkpoint is None or not initial:
             return initial
-        saved = self.checkpoint["clients"]
-        if saved.get("kind") == "disk":  # DiskClientStore's committed/<client>.r<round>.pt; its restore prunes
-            version = saved["versions"].get(client_id, saved["versions"].get(str(client_id)))
-            if version is None:
-                return initial
-            path = self.run_dir / "client_states" / "committed" / f"{client_id}.r{version}.pt"
-            return torch.load(path, weights_only=True)
-        store = ClientStore(initial)  # the memory store reads its part of the checkpoint itself
-        store.restore(saved, self.round)
-        return store.get(client_id)
+        # read-only: a store's restore would prune the disk store's files
+        return read_client_state(self.checkpoint.clients, self.round, client_id, initial,
+                                 self.run_dir / STATES_DIR)
 
     def trained(self, client_id: int) -> NamedTensors:
         """Everything a client's model held at the checkpoint: the global part and its own."""
@@ -69,12 +59,12 @@ class AuditTarget:
 
 def cannot_audit(config: ExperimentConfig) -> str | None:
     """Why a run has nothing for an honest-but-curious server to attack, or None."""
-    kind = config.protocol.kind
-    if kind == "centralized":
-        return ("a centralized run pools the raw text on one machine: the server holds the data itself, there "
+    kind = config.protocol.traits
+    if kind.pools_data:
+        return (f"a {kind.name} run pools the raw text on one machine: the server holds the data itself, there "
                 "is no message to audit")
-    if kind == "isolated":
-        return "an isolated run sends nothing to a server: there is no message to audit"
+    if kind.shares_nothing:
+        return f"an {kind.name} run sends nothing to a server: there is no message to audit"
     return None
 
 

@@ -2,7 +2,7 @@
 
 The cut, the activation precision and the trunk's gradient clipping come from the config (its ``split``
 section and ``train.max_grad_norm``), and the backend from the same factory the round engine uses
-(:func:`fedlm.split.modes.build_trunk_backend`), so a served trunk trains as the simulated one does.
+(:meth:`fedlm.split.modes.TrunkChoice.backend`), so a served trunk trains as the simulated one does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fedlm.errors import UserError
 
 def trunk_serve(args: argparse.Namespace) -> int:
     """Check every file and option first (cheap), then build the model as its clients do and serve its trunk."""
-    from fedlm.split.grpc import load_tokens
+    from fedlm.split.grpc_server import load_tokens
 
     tokens = load_tokens(args.tokens_file)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -30,28 +30,28 @@ def trunk_serve(args: argparse.Namespace) -> int:
         raise UserError("--max-message-mb and --stream-timeout-s must be > 0")
 
     from fedlm.config import load_config
-    from fedlm.split.modes import TRUNK_MODES
+    from fedlm.split.modes import TrunkChoice
 
     config = load_config(args.config)
     spec = config.split
     if spec is None:
         raise UserError(f"{args.config} has no split section: trunk serve takes the cut, activation_dtype and "
                         "trunk_mode from it")
-    if not TRUNK_MODES[spec.trunk_mode].serves_alone:
+    trunk = TrunkChoice.of(spec)
+    if not trunk.mode.serves_alone:
         raise UserError(f"trunk serve runs one trunk that clients step in turn (split.trunk_mode: sequential); "
                         f"trunk_mode {spec.trunk_mode} needs the round engine (fedlm run, or Flower)")
 
     from fedlm.data.sources import resolve_data_dir
     from fedlm.federation.local_training import LocalSettings
     from fedlm.run.prepare import prepare
-    from fedlm.split.grpc import serve_trunk
-    from fedlm.split.modes import build_trunk_backend
+    from fedlm.split.grpc_server import serve_trunk
     from fedlm.split.parts import split_model
 
     model = prepare(config, resolve_data_dir(args.data_dir)).model.train()
     split = split_model(model, spec)
     settings = LocalSettings.from_config(config.train)
-    backend = build_trunk_backend(split, spec, settings, config.model.max_length)
+    backend = trunk.backend(split, settings, config.model.max_length)
     max_bytes = None if args.max_message_mb is None else int(args.max_message_mb * 2**20)  # None: the trunk's limits
     server = serve_trunk(backend, args.address, tokens=tokens, tls=tls, client_ca_pem=client_ca,
                          max_message_bytes=max_bytes, stream_timeout_s=args.stream_timeout_s)

@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from fedlm.config.dp_support import SAMPLE_DP
 from fedlm.config.partition import IidPartitionConfig, PartitionConfig, PartitionSection
 from fedlm.config.sections import (
     AdapterConfig,
@@ -31,10 +32,6 @@ from fedlm.config.sections import (
     TrainConfig,
 )
 from fedlm.errors import UserError
-
-# model families whose per-example gradients Opacus computes (tests/test_privacy.py trains each); the tasks it
-# supports are checked once the task is known (fedlm.federation.dp_sgd)
-SAMPLE_DP_FAMILIES = ("bert", "roberta", "distilbert", "gpt2", "llama")
 
 
 class ExperimentConfig(Section):
@@ -98,7 +95,7 @@ class ExperimentConfig(Section):
                                  "makes every block's prefix, so it belongs to neither side); use adapter.kind "
                                  "p_tuning_v2 (per-block prefixes) or set adapter.projection: false")
         sampled = self.protocol.clients_per_round
-        if sampled is not None and self.protocol.kind not in ("centralized", "isolated") and (
+        if sampled is not None and self.protocol.traits.samples_clients and (
                 sampled > self.partition.num_clients):
             raise ValueError(f"protocol.clients_per_round = {sampled} but partition.num_clients = "
                              f"{self.partition.num_clients}: a round cannot sample more clients than there are")
@@ -123,7 +120,7 @@ class ExperimentConfig(Section):
         if self.split is not None:
             raise ValueError(f"privacy.kind {kind} is not offered for split learning (the trunk sees activations, "
                              "not updates); remove the split section or set privacy.kind none")
-        if kind == "client" and self.protocol.kind in ("centralized", "isolated"):
+        if kind == "client" and not self.protocol.traits.averages_updates:
             raise ValueError(f"privacy.kind client noises the server's average of client updates, and protocol.kind "
                              f"{self.protocol.kind} has none; use fedavg, fedprox or fedopt, or privacy.kind sample")
         if kind == "sample":
@@ -133,14 +130,13 @@ class ExperimentConfig(Section):
             if self.train.precision != "fp32":
                 raise ValueError(f"privacy.kind sample (DP-SGD) trains in fp32; train.precision is "
                                  f"{self.train.precision}: set train.precision fp32")
-            if self.model.family not in SAMPLE_DP_FAMILIES or self.task in ("mlm", "seq2seq", "qa"):
-                raise ValueError(f"privacy.kind sample (Opacus DP-SGD) supports classification, regression, tagging "
-                                 f"and clm with {', '.join(SAMPLE_DP_FAMILIES)} (not {self.model.family} / task "
-                                 f"{self.task}); use privacy.kind client")
+            refusal = SAMPLE_DP.refusal(self.model.family, self.task)
+            if refusal is not None:
+                raise ValueError(refusal)
 
     def num_clients(self) -> int:
         """Clients the training data is partitioned among: one for centralized training."""
-        return 1 if self.protocol.kind == "centralized" else self.partition.num_clients
+        return 1 if self.protocol.traits.pools_data else self.partition.num_clients
 
 
 def format_error(err: ValidationError, within: tuple[str, ...] = ()) -> str:

@@ -13,6 +13,8 @@ from pydantic import (
     model_validator,
 )
 
+from fedlm.config.protocol_kinds import PROTOCOL_KINDS, ProtocolKind
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -77,7 +79,7 @@ class TrainConfig(Section):
 
 
 class ProtocolConfig(Section):
-    kind: Literal["centralized", "isolated", "fedavg", "fedprox", "fedopt"] = "fedavg"
+    kind: Literal["centralized", "isolated", "fedavg", "fedprox", "fedopt"] = "fedavg"  # PROTOCOL_KINDS' keys
     rounds: int = Field(10, ge=0, description="0 evaluates and saves the starting model (a baseline)")
     clients_per_round: int | None = Field(None, ge=1, description="sampled clients; overrides fraction")
     fraction: float = Field(1.0, gt=0.0, le=1.0)
@@ -94,6 +96,11 @@ class ProtocolConfig(Section):
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     codec_block_size: int | None = Field(
         None, ge=1, description="int8: one absmax scale per block of this many values (null: one per tensor)")
+
+    @property
+    def traits(self) -> ProtocolKind:
+        """What this kind of protocol means beyond its strategy (pools data, shares nothing, counts bytes, ...)."""
+        return PROTOCOL_KINDS[self.kind]
 
     @model_validator(mode="after")
     def _block_size_needs_int8(self) -> ProtocolConfig:

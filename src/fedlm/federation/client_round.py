@@ -20,7 +20,7 @@ from typing import TypeVar
 import torch
 
 from fedlm.federation.codecs import Codec
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import ClientTimeout, train_locally
 from fedlm.federation.params import NamedTensors, all_finite, load_into, snapshot
 from fedlm.federation.strategies import ClientUpdate

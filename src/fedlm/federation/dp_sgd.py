@@ -15,24 +15,17 @@ from typing import Any
 
 import torch
 
-from fedlm.config.experiment import SAMPLE_DP_FAMILIES
+from fedlm.config.dp_support import SAMPLE_DP
 from fedlm.errors import UserError
-from fedlm.federation.privacy import require_opacus
-
-# BERT-style MLM heads hold a parameter outside any layer Opacus knows, and its fallback cannot trace it; QA scores
-# windows, not examples; seq2seq is left out (encoder-decoders fail the same way as MLM heads)
-SAMPLE_DP_TASKS = ("classification", "regression", "clm", "tagging")
+from fedlm.federation.opacus import require_opacus
 
 
 def refuse_unsupported(family: str, task: str) -> None:
-    """One line for a model family or task DP-SGD is not offered for."""
-    if family not in SAMPLE_DP_FAMILIES:
-        raise UserError(f"privacy.kind sample (Opacus DP-SGD) supports model.family {', '.join(SAMPLE_DP_FAMILIES)}; "
-                        f"{family} is not one of them: use one of these, or privacy.kind client")
-    if task not in SAMPLE_DP_TASKS:
-        raise UserError(f"privacy.kind sample (Opacus DP-SGD) supports tasks {', '.join(SAMPLE_DP_TASKS)}; task "
-                        f"{task} is not one of them (its head's parameters are outside the layers Opacus knows): "
-                        "use privacy.kind client")
+    """One line for a model family or task DP-SGD is not offered for (the config's table, once the task is
+    known)."""
+    refusal = SAMPLE_DP.refusal(family, task)
+    if refusal is not None:
+        raise UserError(refusal)
 
 
 class BatchSize:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -20,6 +19,7 @@ from fedlm.federation.dp_sgd import dp_sgd, fill_unused
 from fedlm.federation.params import NamedTensors
 from fedlm.models.device import autocast, grad_scaler, model_device
 from fedlm.tasks import Task
+from fedlm.tasks.base import Batch
 
 
 class ClientTimeout(RuntimeError):
@@ -49,10 +49,10 @@ class LocalSettings:
     dp_max_grad_norm: float = 1.0  # ... each example's gradient clipped to this L2 norm
 
     @classmethod
-    def from_config(cls, train: TrainConfig, extra: dict[str, Any] | None = None) -> LocalSettings:
-        fields = {k: getattr(train, k) for k in cls.__dataclass_fields__ if hasattr(train, k)}
-        fields.update(extra or {})
-        return cls(**fields)
+    def from_config(cls, train: TrainConfig) -> LocalSettings:
+        """The run's ``train`` section; what a strategy adds (FedProx's mu, DP-SGD's noise) comes from its
+        ``configure`` each round."""
+        return cls(**{k: getattr(train, k) for k in cls.__dataclass_fields__ if hasattr(train, k)})
 
 
 def round_lr(lr: float, schedule: str, round_idx: int, rounds: int) -> float:
@@ -167,36 +167,64 @@ class LossTally:
                 "examples": float(examples)}
 
 
+class LocalLoop:
+    """The loop that plain, private (DP-SGD) and split local training share, so each keeps only its own step.
+
+    Built before anything else draws random numbers: the batch order and ``collate``'s masking draw from
+    ``generator`` and dropout from torch's global seed, so every kind of training sees the same draws and the
+    equivalence tests (split == unsplit, one-client FedAvg == centralized) hold bitwise. Iterating yields each
+    batch collated (after checking the deadline); the step reports its loss with :meth:`done`.
+    """
+
+    def __init__(self, model: torch.nn.Module, task: Task, rows: Sequence[dict], settings: LocalSettings, seed: int,
+                 *, params: Iterable[torch.nn.Parameter] | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, deadline: float | None = None,
+                 on_step: Callable[[], None] | None = None, grouped: bool = True) -> None:
+        """``params``: the parameters to train (default the model's); ``optimizer``: one carried from an earlier
+        turn (default a fresh one over them); ``grouped=False`` keeps plain shuffles under ``group_by_length``."""
+        self.generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout
+        model.train()
+        self.trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
+        self.optimizer = make_optimizer(self.trainable, settings) if optimizer is None else optimizer
+        self.task, self.rows, self.settings, self.deadline, self.on_step = task, rows, settings, deadline, on_step
+        self.lengths = row_lengths(rows) if settings.group_by_length and grouped else None
+        self.tally = LossTally()
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch_rows in batch_order(len(self.rows), self.settings, self.generator, self.lengths):
+            check_deadline(self.deadline, self.tally.steps)
+            yield self.task.collate([self.rows[i] for i in batch_rows], self.generator)
+
+    def done(self, loss: torch.Tensor, count: int) -> None:
+        """Tally a finished step's loss (a mean over ``count`` units) and tell ``on_step``."""
+        self.tally.add(loss, count)
+        if self.on_step is not None:
+            self.on_step()
+
+    def metrics(self) -> dict[str, float]:
+        return self.tally.metrics(len(self.rows))
+
+
 def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], settings: LocalSettings, *,
                   seed: int, anchor: NamedTensors | None = None, deadline: float | None = None,
                   on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """Train ``model`` in place on ``rows`` (pre-tokenized examples); return train loss and counts."""
     if settings.dp_noise_multiplier is not None:
         return train_privately(model, task, rows, settings, seed=seed, deadline=deadline, on_step=on_step)
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)  # dropout
-    model.train()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(trainable, settings)
+    loop = LocalLoop(model, task, rows, settings, seed, deadline=deadline, on_step=on_step)
     device = model_device(model)
     scaler = grad_scaler(device, settings.precision)
     anchor = {n: a.to(device) for n, a in anchor.items()} if settings.mu > 0 and anchor is not None else None
-    use_prox = anchor is not None
-    tally = LossTally()
-    lengths = row_lengths(rows) if settings.group_by_length else None
-    for batch_rows in batch_order(len(rows), settings, generator, lengths):
-        check_deadline(deadline, tally.steps)
-        batch = task.collate([rows[i] for i in batch_rows], generator)
+    for batch in loop:
         with autocast(device, settings.precision):
             loss, count = task.loss(model, batch)
-        objective = loss + 0.5 * settings.mu * proximal_term(model, anchor) if use_prox else loss
-        optimizer.zero_grad(set_to_none=True)
+        objective = loss if anchor is None else loss + 0.5 * settings.mu * proximal_term(model, anchor)
+        loop.optimizer.zero_grad(set_to_none=True)
         (objective if scaler is None else scaler.scale(objective)).backward()
-        clip_and_step(optimizer, trainable, settings.max_grad_norm, scaler)
-        tally.add(loss, count)
-        if on_step is not None:
-            on_step()
-    return tally.metrics(len(rows))
+        clip_and_step(loop.optimizer, loop.trainable, settings.max_grad_norm, scaler)
+        loop.done(loss, count)
+    return loop.metrics()
 
 
 def train_privately(model: torch.nn.Module, task: Task, rows: Sequence[dict], settings: LocalSettings, *,
@@ -204,25 +232,18 @@ def train_privately(model: torch.nn.Module, task: Task, rows: Sequence[dict], se
                     on_step: Callable[[], None] | None = None) -> dict[str, float]:
     """``train_locally`` as DP-SGD (privacy.kind sample): the same batches, each example's gradient clipped to
     ``dp_max_grad_norm`` and Gaussian noise added by Opacus' DPOptimizer (fp32, no proximal term: the config
-    refuses both). ``steps`` in the result is what the privacy accountant composes over."""
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)  # dropout
-    model.train()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    tally = LossTally()
-    with dp_sgd(model, make_optimizer(trainable, settings), noise_multiplier=float(settings.dp_noise_multiplier),
+    refuses both). ``steps`` in the result is what the privacy accountant composes over. Batches are plain
+    shuffles even under ``group_by_length``: the accountant takes them as random samples of the rows."""
+    loop = LocalLoop(model, task, rows, settings, seed, deadline=deadline, on_step=on_step, grouped=False)
+    with dp_sgd(model, loop.optimizer, noise_multiplier=float(settings.dp_noise_multiplier),
                 max_grad_norm=settings.dp_max_grad_norm, batch_size=min(settings.batch_size, len(rows)),
                 seed=local_seed(seed, 0, 0x5347)) as (optimizer, size):
-        for batch_rows in batch_order(len(rows), settings, generator):
-            check_deadline(deadline, tally.steps)
-            batch = task.collate([rows[i] for i in batch_rows], generator)
+        for batch in loop:
             size.of(batch)
             loss, count = task.loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             fill_unused(optimizer, size.value)
             optimizer.step()
-            tally.add(loss, count)
-            if on_step is not None:
-                on_step()
-    return tally.metrics(len(rows))
+            loop.done(loss, count)
+    return loop.metrics()

@@ -1,14 +1,15 @@
-"""Differential privacy around the server strategies: client-level DP-FedAvg and the privacy accounting of both kinds.
+"""Differential privacy around the server strategies: client-level DP-FedAvg and sample-level DP-SGD's ledger.
 
-``PrivateStrategy`` wraps any strategy (FedAvg, FedProx, FedOpt). With ``kind="client"`` it replaces the clients'
-updates by one privatized update before the inner strategy sees them (so FedOpt's server optimizer steps on the
-noised average); with ``kind="sample"`` the clients ran DP-SGD (``fedlm.federation.dp_sgd``) and the wrapper only
-keeps each client's privacy ledger. Epsilon comes from Opacus' accountants, never from a formula of our own.
+Each kind is its own strategy wrapping another (FedAvg, FedProx, FedOpt). :class:`ClientLevelDP` replaces the
+clients' updates by one privatized update before the inner strategy sees them (so FedOpt's server optimizer steps
+on the noised average); :class:`SampleLevelDP` tells the clients to train by DP-SGD
+(``fedlm.federation.dp_sgd``) and keeps each client's privacy ledger. Epsilon comes from Opacus' accountants
+(``fedlm.federation.opacus``).
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +18,8 @@ import numpy as np
 import torch
 
 from fedlm.config import PrivacyConfig
-from fedlm.errors import UserError
+from fedlm.federation.local_training import LocalSettings
+from fedlm.federation.opacus import epsilon, require_opacus
 from fedlm.federation.params import NamedTensors, weighted_mean
 from fedlm.federation.strategies.base import ClientUpdate, Strategy
 
@@ -38,34 +40,6 @@ class PrivacySpec:
     @classmethod
     def from_config(cls, privacy: PrivacyConfig) -> PrivacySpec:
         return cls(**privacy.model_dump())
-
-    def client_settings(self) -> dict[str, Any]:
-        """What each client's local training is told (``LocalSettings`` fields): DP-SGD's noise and clip."""
-        if self.kind != "sample":
-            return {}
-        return {"dp_noise_multiplier": self.noise_multiplier, "dp_max_grad_norm": self.max_grad_norm}
-
-
-def require_opacus(module: str) -> Any:
-    """``opacus.<module>``, imported on first use: opacus is the optional ``dp`` extra."""
-    try:
-        return importlib.import_module(f"opacus.{module}")
-    except ImportError:
-        raise UserError("differential privacy (privacy.kind client or sample) needs opacus: "
-                        "pip install -c constraints.txt 'fedlm[dp]'") from None
-
-
-def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp") -> float:
-    """Epsilon at ``delta`` after ``steps`` subsampled Gaussian steps (rate ``sample_rate``, noise ``z``), by Opacus'
-    accountant; 0 before any step, infinite without noise."""
-    if steps <= 0:
-        return 0.0
-    if noise_multiplier <= 0:
-        return math.inf
-    accountants = require_opacus("accountants")
-    ledger = accountants.PRVAccountant() if accountant == "prv" else accountants.RDPAccountant()
-    ledger.history = [(noise_multiplier, min(1.0, sample_rate), steps)]
-    return float(ledger.get_epsilon(delta))
 
 
 def clip_update(current: NamedTensors, params: NamedTensors, clip: float) -> tuple[NamedTensors, float]:
@@ -105,76 +79,28 @@ def private_mean(current: NamedTensors, updates: list[ClientUpdate], clip: float
     return mean
 
 
-class PrivateStrategy:
-    """A strategy with differential privacy: client-level noise on the aggregate and/or the epsilon ledger.
+class Private(Strategy):
+    """What both kinds share: the inner strategy does the server's work, and the ledger counts released rounds."""
 
-    Parameters
-    ----------
-    inner : Strategy
-        The server algorithm (FedAvg, FedProx, FedOpt); it aggregates the privatized update.
-    spec : PrivacySpec
-        The ``privacy`` section.
-    num_clients, clients_per_round : int
-        Client-level sampling rate q = clients_per_round / num_clients per round.
-    client_examples : dict[int, int]
-        Sample level: each client's training examples (its DP-SGD sampling rate is batch_size / examples).
-    batch_size : int
-        Sample level: the clients' batch size.
-    seed : int
-        Seeds the server's noise, one stream per round.
-    """
-
-    def __init__(self, inner: Strategy, spec: PrivacySpec, *, num_clients: int, clients_per_round: int,
-                 client_examples: dict[int, int] | None = None, batch_size: int = 1, seed: int = 0) -> None:
-        if spec.kind == "none":
-            raise ValueError("PrivateStrategy needs privacy kind client or sample")
+    def __init__(self, inner: Strategy, spec: PrivacySpec) -> None:
         require_opacus("accountants")  # a missing dp extra stops the run before its first round, in one line
         self.inner = inner
         self.name = inner.name
         self.spec = spec
-        self.client_rate = clients_per_round / num_clients
-        self.client_examples = client_examples or {}
-        self.batch_size = batch_size
-        self.seed = seed
         self.rounds = 0  # rounds released (aggregated and accounted)
-        self.steps: dict[int, int] = {}  # sample level: DP-SGD steps each client has taken, all rounds together
+        # DP-SGD steps each client has taken, all rounds together (sample level; client level keeps it empty, so
+        # both kinds write the one checkpoint format)
+        self.steps: dict[int, int] = {}
 
-    def client_config(self) -> dict[str, Any]:
-        return self.inner.client_config()
+    def configure(self, settings: LocalSettings) -> LocalSettings:
+        return self.inner.configure(settings)
 
     def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
-        if self.spec.kind != "client":
-            return self.inner.aggregate(current, updates)
-        generator = torch.Generator().manual_seed(noise_seed(self.seed, self.rounds + 1))
-        noised = private_mean(current, updates, self.spec.clip, self.spec.noise_multiplier, generator)
-        one = ClientUpdate(client_id=-1, num_examples=1, params=noised)
-        return self.inner.aggregate(current, [one])
+        return self.inner.aggregate(current, updates)
 
-    def account(self, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
-        """The round's privacy record (joins metrics.jsonl): epsilon at delta so far, and the sampling rate."""
-        self.rounds = round_idx
+    def ledger(self) -> dict[str, Any]:
         spec = self.spec
-        out: dict[str, Any] = {"dp_kind": spec.kind, "dp_delta": spec.delta,
-                               "dp_noise_multiplier": spec.noise_multiplier}
-        if spec.kind == "client":
-            out["dp_sample_rate"] = self.client_rate
-            out["dp_epsilon"] = epsilon(spec.noise_multiplier, self.client_rate, round_idx, spec.delta,
-                                        spec.accountant)
-            return out
-        for u in updates:
-            self.steps[u.client_id] = self.steps.get(u.client_id, 0) + int(u.metrics.get("steps", 0))
-        worst, client = 0.0, None
-        for cid, steps in self.steps.items():
-            eps = epsilon(spec.noise_multiplier, self._sample_rate(cid), steps, spec.delta, spec.accountant)
-            if client is None or eps > worst:
-                worst, client = eps, cid
-        out.update({"dp_epsilon": worst, "dp_epsilon_client": client,
-                    "dp_sample_rate": self._sample_rate(client) if client is not None else None,
-                    "dp_steps": self.steps.get(client, 0) if client is not None else 0})
-        return out
-
-    def _sample_rate(self, client_id: int) -> float:
-        return min(1.0, self.batch_size / max(1, self.client_examples.get(client_id, 1)))
+        return {"dp_kind": spec.kind, "dp_delta": spec.delta, "dp_noise_multiplier": spec.noise_multiplier}
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "rounds": self.rounds, "steps": dict(self.steps)}
@@ -185,6 +111,93 @@ class PrivateStrategy:
         self.steps = {int(k): int(v) for k, v in state.get("steps", {}).items()}
 
 
-def with_privacy(strategy: Strategy, spec: PrivacySpec, **ledger: Any) -> Strategy:
-    """``strategy`` itself without DP, else wrapped in :class:`PrivateStrategy` (``ledger``: its keyword args)."""
-    return strategy if spec.kind == "none" else PrivateStrategy(strategy, spec, **ledger)
+class ClientLevelDP(Private):
+    """Client-level DP-FedAvg: each round's updates clipped, averaged uniformly and noised (:func:`private_mean`)
+    before the inner strategy aggregates the one privatized update.
+
+    Parameters
+    ----------
+    inner : Strategy
+        The server algorithm (FedAvg, FedProx, FedOpt); it aggregates the privatized update.
+    spec : PrivacySpec
+        The ``privacy`` section (kind ``client``).
+    num_clients, clients_per_round : int
+        The sampling rate q = clients_per_round / num_clients per round, which the accountant composes over.
+    seed : int
+        Seeds the server's noise, one stream per round.
+    """
+
+    def __init__(self, inner: Strategy, spec: PrivacySpec, *, num_clients: int, clients_per_round: int,
+                 seed: int = 0) -> None:
+        super().__init__(inner, spec)
+        self.client_rate = clients_per_round / num_clients
+        self.seed = seed
+
+    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
+        generator = torch.Generator().manual_seed(noise_seed(self.seed, self.rounds + 1))
+        noised = private_mean(current, updates, self.spec.clip, self.spec.noise_multiplier, generator)
+        return self.inner.aggregate(current, [ClientUpdate(client_id=-1, num_examples=1, params=noised)])
+
+    def account(self, round_idx: int, reported: list[ClientUpdate]) -> dict[str, Any]:
+        """The round's privacy record (joins metrics.jsonl): epsilon at delta so far, and the sampling rate."""
+        self.rounds = round_idx
+        spec = self.spec
+        return {**self.ledger(), "dp_sample_rate": self.client_rate,
+                "dp_epsilon": epsilon(spec.noise_multiplier, self.client_rate, round_idx, spec.delta, spec.accountant)}
+
+
+class SampleLevelDP(Private):
+    """Sample-level DP: the clients train by DP-SGD (each example's gradient clipped, noise on each step), and the
+    server keeps every client's ledger; the run reports its worst-off client's epsilon.
+
+    Parameters
+    ----------
+    inner : Strategy
+        The server algorithm (FedAvg or FedOpt: DP-SGD adds no proximal term).
+    spec : PrivacySpec
+        The ``privacy`` section (kind ``sample``).
+    client_examples : dict[int, int]
+        Each client's training examples: its DP-SGD sampling rate is batch_size / examples.
+    batch_size : int
+        The clients' batch size.
+    """
+
+    def __init__(self, inner: Strategy, spec: PrivacySpec, *, client_examples: dict[int, int],
+                 batch_size: int) -> None:
+        super().__init__(inner, spec)
+        self.client_examples = client_examples
+        self.batch_size = batch_size
+
+    def configure(self, settings: LocalSettings) -> LocalSettings:
+        """The inner strategy's settings, trained by DP-SGD at the section's noise and clip."""
+        return dataclasses.replace(self.inner.configure(settings), dp_noise_multiplier=self.spec.noise_multiplier,
+                                   dp_max_grad_norm=self.spec.max_grad_norm)
+
+    def account(self, round_idx: int, reported: list[ClientUpdate]) -> dict[str, Any]:
+        """The round's privacy record: the worst-off client's epsilon at delta so far, its rate and steps."""
+        self.rounds = round_idx
+        spec = self.spec
+        for u in reported:
+            self.steps[u.client_id] = self.steps.get(u.client_id, 0) + int(u.metrics.get("steps", 0))
+        worst, client = 0.0, None
+        for cid, steps in self.steps.items():
+            eps = epsilon(spec.noise_multiplier, self._sample_rate(cid), steps, spec.delta, spec.accountant)
+            if client is None or eps > worst:
+                worst, client = eps, cid
+        return {**self.ledger(), "dp_epsilon": worst, "dp_epsilon_client": client,
+                "dp_sample_rate": self._sample_rate(client) if client is not None else None,
+                "dp_steps": self.steps.get(client, 0) if client is not None else 0}
+
+    def _sample_rate(self, client_id: int) -> float:
+        return min(1.0, self.batch_size / max(1, self.client_examples.get(client_id, 1)))
+
+
+
+def with_privacy(strategy: Strategy, spec: PrivacySpec, *, num_clients: int, clients_per_round: int,
+                 client_examples: dict[int, int], batch_size: int, seed: int) -> Strategy:
+    """``strategy`` itself without DP, else wrapped in the privacy section's kind."""
+    if spec.kind == "client":
+        return ClientLevelDP(strategy, spec, num_clients=num_clients, clients_per_round=clients_per_round, seed=seed)
+    if spec.kind == "sample":
+        return SampleLevelDP(strategy, spec, client_examples=client_examples, batch_size=batch_size)
+    return strategy

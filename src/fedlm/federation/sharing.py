@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fedlm.config import SharingConfig
+from fedlm.config.protocol_kinds import ProtocolKind
 from fedlm.errors import UserError
 
 _BLOCK = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
@@ -141,7 +142,7 @@ class SharingPolicy:
         return _group(name, self.groups)
 
 
-def build_policy(sharing: SharingConfig, protocol_kind: str, names: Sequence[str],
+def build_policy(sharing: SharingConfig, protocol: ProtocolKind, names: Sequence[str],
                  client_sizes: dict[int, int], groups: Groups | None = None) -> SharingPolicy:
     """Resolve the config's ``sharing`` section against the model's trainable parameter names and, when
     given, its parameter groups (``fedlm.models.introspect.parameter_groups``)."""
@@ -153,11 +154,12 @@ def build_policy(sharing: SharingConfig, protocol_kind: str, names: Sequence[str
     critical = sharing.critical_layer
     if critical is not None and not 0 <= critical <= blocks:
         raise UserError(f"sharing.critical_layer = {critical}: this model has {blocks} blocks (use 0..{blocks})")
-    if protocol_kind == "isolated":
+    if protocol.shares_nothing:
         if critical not in (None, 0):
-            raise UserError("sharing.critical_layer conflicts with protocol.kind = isolated (isolated is c = 0)")
+            raise UserError(f"sharing.critical_layer conflicts with protocol.kind = {protocol.name} ({protocol.name} "
+                            "is c = 0)")
         critical = 0
-    if protocol_kind == "centralized" or critical is None or critical == blocks:
+    if protocol.pools_data or critical is None or critical == blocks:
         global_names = list(trainable)
     elif critical == 0:
         global_names = []
@@ -170,6 +172,6 @@ def build_policy(sharing: SharingConfig, protocol_kind: str, names: Sequence[str
     local_names = [n for n in trainable if n not in global_names]
     window = None
     spec = sharing.freeze_window
-    if spec is not None and protocol_kind != "centralized":
+    if spec is not None and not protocol.pools_data:
         window = FreezeWindow(spec.epsilon, spec.gamma, blocks, dict(client_sizes))
     return SharingPolicy(global_names, local_names, frozen, window, groups)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 import torch
@@ -26,7 +26,8 @@ from fedlm.federation.client_round import (
     stop_at_next_module,
 )
 from fedlm.federation.codecs import Codec
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport, Executor
+from fedlm.federation.observer import SILENT, RoundObserver
 from fedlm.federation.params import NamedTensors
 from fedlm.federation.store import ClientStore
 from fedlm.tasks import Task
@@ -34,16 +35,15 @@ from fedlm.tasks import Task
 FitFn = Callable[..., tuple[ClientReport, NamedTensors]]  # fit_client's signature (on_step: when steps are shown)
 
 
-class InProcessExecutor:
+class InProcessExecutor(Executor):
     """Runs the sampled clients one after another in this process, catching each client's failure.
 
-    ``progress`` hears of each finished client and ``on_step`` of each local step (both by client id); a
-    ``fit_fn`` is passed ``on_step`` only when steps are asked for."""
+    ``observer`` hears of each local step and each finished client; a ``fit_fn`` is passed ``on_step`` only
+    when someone watches (an observer other than the silent one)."""
 
     def __init__(self, model: torch.nn.Module, task: Task, client_rows: dict[int, Sequence[dict]],
                  codec: Codec, store: ClientStore, local_names: list[str],
-                 fit_fn: FitFn = fit_client, progress: Callable[[int], None] | None = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 fit_fn: FitFn = fit_client, observer: RoundObserver = SILENT) -> None:
         self.model = model
         self.task = task
         self.client_rows = client_rows
@@ -51,24 +51,18 @@ class InProcessExecutor:
         self.store = store
         self.local_names = local_names
         self.fit_fn = fit_fn
-        self.progress = progress
-        self.on_step = on_step
+        self.observer = observer
         self._working: torch.nn.Module | None = None  # what a client with a deadline trains (see the module doc)
 
-    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
-        results: list[ClientReport | ClientFailure] = []
+    def run(self, jobs: list[ClientJob]) -> Iterator[ClientReport | ClientFailure]:
         for job in jobs:
-            results.append(self._run_one(job))
-            if self.progress is not None:
-                self.progress(job.client_id)
-        return results
-
-    def close(self) -> None:
-        """Nothing to release: the clients ran in this process."""
+            result = self._run_one(job)
+            self.observer.client_done(job.client_id)
+            yield result
 
     def _run_one(self, job: ClientJob) -> ClientReport | ClientFailure:
         abandoned = threading.Event()
-        steps = {} if self.on_step is None else {"on_step": partial(self._step, job.client_id, abandoned)}
+        steps = {} if self.observer is SILENT else {"on_step": partial(self._step, job.client_id, abandoned)}
         model = self._working_model() if job.timeout_s else self.model
         work = partial(self.fit_fn, model, self.task, self.client_rows[job.client_id], job, self.codec,
                        self.store.get(job.client_id), self.local_names, **steps)
@@ -92,5 +86,5 @@ class InProcessExecutor:
         return self._working
 
     def _step(self, client_id: int, abandoned: threading.Event) -> None:
-        if not abandoned.is_set() and self.on_step is not None:
-            self.on_step(client_id)
+        if not abandoned.is_set():
+            self.observer.client_step(client_id)

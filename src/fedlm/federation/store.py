@@ -4,7 +4,8 @@ A run resumed from round k must see exactly the local states of round k, never t
 So the store is never committed on its own: ``checkpoint(k)`` hands back what the run's checkpoint file
 must hold (the memory store: the states themselves; the disk store: which version of each client's file
 belongs to round k), the checkpoint is written in one atomic step, and only then ``checkpointed(k)`` drops
-older versions. ``restore`` takes a checkpoint's part back and refuses one that does not fit this run.
+older versions. ``restore`` takes a checkpoint's part back and refuses one that does not fit this run;
+``read_client_state`` reads one client's state from such a part without changing anything.
 """
 
 from __future__ import annotations
@@ -65,7 +66,14 @@ class ClientStore:
                             "(fedlm run ... --overwrite)")
 
 
+STATES_DIR = "client_states"  # where in a run directory the disk store keeps its files
+_COMMITTED = "committed"  # the disk store's folder of checkpointed states, one <client>.r<version>.pt each
 _VERSIONED = re.compile(r"(\d+)\.r(\d+)\.pt")
+
+
+def _committed_file(directory: Path, client_id: int, version: int) -> Path:
+    """Where the disk store in ``directory`` keeps ``client_id``'s state of the checkpoint of round ``version``."""
+    return directory / _COMMITTED / f"{client_id}.r{version}.pt"
 
 
 class DiskClientStore(ClientStore):
@@ -81,8 +89,9 @@ class DiskClientStore(ClientStore):
 
     def __init__(self, initial: NamedTensors, directory: Path) -> None:
         super().__init__(initial)
+        self.directory = directory
         self.pending = directory / "pending"
-        self.committed = directory / "committed"
+        self.committed = directory / _COMMITTED
         self.pending.mkdir(parents=True, exist_ok=True)
         self.committed.mkdir(parents=True, exist_ok=True)
         self.versions: dict[int, int] = {}  # client -> round of its committed file
@@ -90,7 +99,7 @@ class DiskClientStore(ClientStore):
             path.unlink()
 
     def _file(self, client_id: int, version: int) -> Path:
-        return self.committed / f"{client_id}.r{version}.pt"
+        return _committed_file(self.directory, client_id, version)
 
     def get(self, client_id: int) -> NamedTensors:
         pending = self.pending / f"{client_id}.pt"
@@ -134,6 +143,23 @@ class DiskClientStore(ClientStore):
             match = _VERSIONED.fullmatch(path.name)
             if match is None or self.versions.get(int(match[1])) != int(match[2]):
                 path.unlink()
+
+
+def read_client_state(saved: dict[str, Any], round_idx: int, client_id: int, initial: NamedTensors,
+                      directory: Path) -> NamedTensors:
+    """One client's local state as the checkpoint of ``round_idx`` holds it in ``saved`` (what a store's
+    ``checkpoint`` returned), ``initial`` for a client that has none, read without writing, moving or pruning
+    any file: the memory store's part holds the states (refused as ``restore`` refuses it when it does not fit);
+    the disk store's names the version of the client's file in ``directory``, the disk store's directory."""
+    if saved.get("kind") == DiskClientStore.kind:
+        versions = saved["versions"]
+        version = versions.get(client_id, versions.get(str(client_id)))
+        if version is None:
+            return initial
+        return torch.load(_committed_file(directory, client_id, version), weights_only=True)
+    store = ClientStore(initial)
+    store.restore(saved, round_idx)
+    return store.get(client_id)
 
 
 def make_client_store(initial: NamedTensors, num_clients: int, where: str, disk_dir: Path,

@@ -29,7 +29,7 @@ from fedlm.federation.client_round import (
     stop_at_next_module,
 )
 from fedlm.federation.codecs import Codec, Encoded
-from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.executor import ClientJob, ClientReport
 from fedlm.federation.params import NamedTensors
 from fedlm.flower.messages import (
     PARTITION_KEY,
@@ -48,9 +48,9 @@ from fedlm.flower.secagg_mod import SECURE_KEY, secure_aggregation_mod
 from fedlm.models.cut import SplitModel
 from fedlm.run.prepare import Prepared, prepare
 from fedlm.split.client import run_client_turn
-from fedlm.split.grpc import GrpcTransport
+from fedlm.split.grpc_client import GrpcTransport
+from fedlm.split.modes import TrunkChoice
 from fedlm.split.parts import client_copy, split_model
-from fedlm.split.trunk import WIRE_DTYPES
 
 log = logging.getLogger("fedlm")
 
@@ -187,7 +187,7 @@ class ClientRuntime:
         return GrpcTransport(access.address, str(own), access.token, root_cert_pem=access.ca,
                              client_cert=access.client_cert, timeout_s=access.timeout_s,
                              first_timeout_s=access.turn_wait_s,
-                             wire_dtype=WIRE_DTYPES[prep.config.split.activation_dtype])
+                             wire_dtype=TrunkChoice.of(prep.config.split).wire_dtype)
 
     def relay_client(self, content: RecordDict, context: Context, own: int) -> RelayClient:
         """Where this job's parameters wait and its update goes (``service_access``)."""

@@ -15,7 +15,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, ConfigRecordValues, MetricRecord, RecordDict
 
 from fedlm.federation.codecs import Codec, Encoded, get_codec
-from fedlm.federation.engine import ClientJob, ClientReport
+from fedlm.federation.executor import ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import NamedTensors, nbytes
 from fedlm.flower.relay import DIGEST_KEY, from_blob, to_blob

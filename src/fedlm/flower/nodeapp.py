@@ -33,7 +33,8 @@ from flwr.common.constant import ErrorCode
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
-from fedlm.flower.secagg_mod import secure_aggregation_mod, truthy
+from fedlm.flower.run_config import truthy
+from fedlm.flower.secagg_mod import secure_aggregation_mod
 
 PARTITION_KEY = "partition-id"
 DEFAULT_IDLE_S = 900.0

@@ -29,15 +29,9 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from fedlm.federation.params import NamedTensors
-from fedlm.split.grpc import (
-    CLIENT_ID_KEY,
-    SERVICE_MESSAGE_BYTES,
-    TOKEN_KEY,
-    TrunkServer,
-    authenticate,
-    open_channel,
-    start_server,
-)
+from fedlm.split.envelope import CLIENT_ID_KEY, SERVICE_MESSAGE_BYTES, TOKEN_KEY
+from fedlm.split.grpc_client import open_channel
+from fedlm.split.grpc_server import TrunkServer, authenticate, start_server
 
 log = logging.getLogger("fedlm")
 

@@ -5,10 +5,10 @@ Flower runs the protocol: its ``SecAggPlusWorkflow`` on the server (key agreemen
 node's mask seeds, the masked vectors, unmasking with the dropouts' masks rebuilt from their neighbours'
 shares) and its ``secaggplus_mod`` on the nodes (quantize, mask). fedlm adds only the glue:
 
-- server: :class:`SecureFlowerExecutor` hands each node fedlm's own ``train`` message in place of the legacy
-  FitIns the workflow would build, and turns the unmasked aggregate back into the engine's reports. Every
-  surviving client's report carries that same aggregate (as Flower's workflow does with its FitRes), so the
-  engine's FedAvg-family strategies, which average linearly, aggregate to it unchanged;
+- server: ``secure_executor.SecureFlowerExecutor`` hands each node fedlm's own ``train`` message in place of
+  the legacy FitIns the workflow would build, and turns the unmasked aggregate back into the engine's reports.
+  Every surviving client's report carries that same aggregate (as Flower's workflow does with its FitRes), so
+  the engine's FedAvg-family strategies, which average linearly, aggregate to it unchanged;
 - node: ``secagg_mod.secure_aggregation_mod`` puts SecAgg+ around the ClientApp's ``train``, and
   :func:`masked_reply` answers with the update *minus the parameters received* (a small vector, so SecAgg+'s
   clipping range rarely binds; one that would be clipped is refused, never silently cut).
@@ -50,7 +50,7 @@ from flwr.serverapp import Grid
 
 from fedlm.errors import UserError
 from fedlm.federation.codecs import Codec, Encoded
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
+from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.flower.messages import job_content
 from fedlm.flower.nodes import match_replies
@@ -77,7 +77,7 @@ class SecAggSettings:
 
     @classmethod
     def from_settings(cls, read: Callable[[str, UserConfigValue], UserConfigValue]) -> SecAggSettings:
-        """``read(key, default)`` looks a run config key up (the ServerApp's ``_setting``)."""
+        """``read(key, default)`` looks a run config key up (``fedlm.flower.run_config.setting``)."""
         values = {"num_shares": read("secagg-num-shares", cls.num_shares),
                   "threshold": read("secagg-threshold", cls.threshold),
                   "clipping_range": float(read(CLIPPING_KEY, cls.clipping_range))}

@@ -13,6 +13,8 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
+from fedlm.flower.run_config import truthy
+
 SECURE_KEY = "secure-aggregation"  # run config: on/off; job config: the node answers with a masked reply
 REQUIRE_KEY = "require-secure-aggregation"  # node config: this node never sends a plain update
 
@@ -50,8 +52,3 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: ClientAppC
         return failed.reply
     except (KeyError, TypeError, ValueError) as exc:  # the protocol's own checks (stage order, neighbours)
         return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"secure aggregation: {exc}"), reply_to=msg)
-
-
-def truthy(value: object) -> bool:
-    return value is True or str(value).strip().lower() in ("1", "true", "yes")
-

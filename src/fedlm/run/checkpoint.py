@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fedlm.config import ExperimentConfig
@@ -52,23 +53,46 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@dataclass
+class Checkpoint:
+    """What ``checkpoint/state.pt`` holds, as the run wrote it after round ``round``."""
+
+    round: int
+    global_params: NamedTensors
+    strategy: dict[str, Any]  # the strategy's state_dict (FedOpt's moments, the DP ledger)
+    clients: dict[str, Any]  # the client store's part (``ClientStore.checkpoint``)
+    fingerprint: str
+    training_config: dict[str, Any]
+    format: int = FORMAT
+
+    def to_state(self) -> dict[str, Any]:
+        """The file's contents (its keys are the format every fedlm since format 2 reads)."""
+        return {"round": self.round, "global": self.global_params, "strategy": self.strategy, "clients": self.clients,
+                "format": self.format, "fingerprint": self.fingerprint, "training_config": self.training_config}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Checkpoint:
+        return cls(round=int(state["round"]), global_params=dict(state["global"]), strategy=state["strategy"],
+                   clients=state["clients"], fingerprint=state["fingerprint"],
+                   training_config=state["training_config"], format=state["format"])
+
+
 def checkpointer(recorder: RunRecorder, store: ClientStore, strategy: Strategy,
                  config: ExperimentConfig) -> Callable[[int, NamedTensors], None]:
     """The engine's checkpoint hook. The store prepares its part (the disk store renames the round's files
     beside the last checkpoint's), the one file is replaced atomically, and only then may the store drop
     what the previous checkpoint needed: a crash at any point leaves one whole, consistent checkpoint."""
-    stamp = {"format": FORMAT, "fingerprint": fingerprint(config), "training_config": training_part(config)}
+    stamp, training = fingerprint(config), training_part(config)
 
     def save(round_idx: int, params: NamedTensors) -> None:
-        clients = store.checkpoint(round_idx)
-        recorder.save_checkpoint(round_idx, {"global": params, "strategy": strategy.state_dict(),
-                                             "clients": clients, **stamp})
+        saved = Checkpoint(round_idx, params, strategy.state_dict(), store.checkpoint(round_idx), stamp, training)
+        recorder.save_checkpoint(saved.to_state())
         store.checkpointed(round_idx)
 
     return save
 
 
-def load_checkpoint(recorder: RunRecorder, config: ExperimentConfig) -> dict[str, Any] | None:
+def load_checkpoint(recorder: RunRecorder, config: ExperimentConfig) -> Checkpoint | None:
     """The run's last checkpoint if it was trained with ``config`` (its training-relevant part); None if
     there is none. Anything else stops with one line: resuming it would continue a different run."""
     state = recorder.load_checkpoint()
@@ -78,13 +102,13 @@ def load_checkpoint(recorder: RunRecorder, config: ExperimentConfig) -> dict[str
     if state.get("format") != FORMAT:
         raise UserError(f"{path} was written by an older fedlm, whose checkpoints are not crash-safe: it cannot "
                         "be resumed; start the run afresh (fedlm run ... --overwrite)")
-    current = training_part(config)
-    if state["fingerprint"] != fingerprint(config) and _read_today(state["training_config"], config) != current:
-        raise UserError(f"{path} (round {state['round']}) was trained with another config "
-                        f"({_differences(state['training_config'], current)}): it belongs to "
+    saved, current = Checkpoint.from_state(state), training_part(config)
+    if saved.fingerprint != fingerprint(config) and _read_today(saved.training_config, config) != current:
+        raise UserError(f"{path} (round {saved.round}) was trained with another config "
+                        f"({_differences(saved.training_config, current)}): it belongs to "
                         "another run or the run's config changed; restore that config, or start afresh "
                         "(fedlm run ... --overwrite)")
-    return state
+    return saved
 
 
 def _read_today(saved: dict[str, Any], config: ExperimentConfig) -> dict[str, Any] | None:

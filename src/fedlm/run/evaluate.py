@@ -30,7 +30,7 @@ class Evaluator:
         self.store = store
         self.personalized = personalized
         self.batch_size = prep.config.eval.batch_size
-        self.local = prep.config.eval.local and prep.config.protocol.kind != "centralized"
+        self.local = prep.config.eval.local and prep.config.protocol.traits.evaluates_clients
         self.priors: dict[int, dict[str, float] | None] = {}  # label-prior scores per client, found once
 
     def _prior(self, client_id: int) -> dict[str, float] | None:

@@ -72,7 +72,7 @@ def warn_without_isolated(name: str, runs: list[GridRun]) -> None:
     clients reach from their own data alone (FedSplitBERT's c = 0)."""
     configs = [run.config for run in runs]
     personalised = any(c.sharing.critical_layer or c.sharing.local for c in configs)
-    isolated = any(c.protocol.kind == "isolated" or c.sharing.critical_layer == 0 for c in configs)
+    isolated = any(c.protocol.traits.shares_nothing or c.sharing.critical_layer == 0 for c in configs)
     if personalised and not isolated:
         log.warning("%s compares personalised methods without isolated training; add "
                     "{label: isolated, protocol.kind: isolated} to its method axis (or to baselines)", name)

@@ -11,14 +11,15 @@ from fedlm.federation.params import nbytes, trainable_names
 from fedlm.federation.sharing import SharingPolicy, build_policy
 from fedlm.models.introspect import parameter_groups
 from fedlm.run.prepare import Prepared, num_clients_of
-from fedlm.split.executor import split_policy
+from fedlm.split.setup import SplitSetup
 
 
 def run_policy(prep: Prepared) -> SharingPolicy:
     """The split section's parts, or the sharing section's; refuses downstream fine-tuning without one encoder
-    before any training happens."""
+    before any training happens. A split run's policy carries its :class:`~fedlm.split.setup.SplitSetup` (the
+    model cut and introspected here, once) to the run's executor."""
     config = prep.config
-    policy = split_policy(prep.model, config.split) if config.split is not None else sharing_policy(prep)
+    policy = SplitSetup.cut(prep.model, config.split).sharing() if config.split is not None else sharing_policy(prep)
     if config.downstream and not encoder_is_global(policy):
         raise UserError("downstream fine-tuning needs one global encoder, but this run keeps blocks or embeddings "
                         "on the clients (sharing.critical_layer / isolated / split.client_parts local); drop "
@@ -30,7 +31,7 @@ def sharing_policy(prep: Prepared) -> SharingPolicy:
     """Resolve the config's sharing section on this model; parameters frozen for everyone stop needing grads."""
     names = trainable_names(prep.model)
     sizes = {cid: len(prep.client_train.get(cid, [])) for cid in range(num_clients_of(prep.config))}
-    policy = build_policy(prep.config.sharing, prep.config.protocol.kind, names, sizes,
+    policy = build_policy(prep.config.sharing, prep.config.protocol.traits, names, sizes,
                           parameter_groups(prep.model))
     params = dict(prep.model.named_parameters())
     for name in policy.frozen_names:

@@ -46,26 +46,28 @@ def num_clients_of(config: ExperimentConfig) -> int:
 def build_task(config: ExperimentConfig, task_name: str, label_names: list[str] | None = None,
                encoder_decoder: bool = False) -> Task:
     """The task object; ``train.mask_rate`` belongs to masked LM only, ``generation`` to seq2seq only
-    (``encoder_decoder``: the model has an encoder and a decoder, else seq2seq prompts a decoder-only LM)."""
+    (``encoder_decoder``: the model has an encoder and a decoder, else seq2seq prompts a decoder-only LM).
+    Evaluation autocasts as training does: the task takes ``train.precision``."""
+    precision = config.train.precision
     if task_name == "seq2seq":
         if encoder_decoder and config.split is not None:
             raise UserError(f"split learning cuts one stack of blocks, and this {config.model.family} model is an "
                             "encoder-decoder; use a decoder-only family for split seq2seq, or remove the split section")
         gen = config.generation
         return get_task(task_name, encoder_decoder=encoder_decoder, num_beams=gen.num_beams,
-                        max_new_tokens=gen.max_new_tokens)
+                        max_new_tokens=gen.max_new_tokens, precision=precision)
     if config.generation != GenerationConfig():
         raise UserError(f"generation is for seq2seq, but the task is {task_name}: remove the generation section")
     if task_name == "mlm":
-        return get_task(task_name, mask_rate=config.train.mask_rate)
+        return get_task(task_name, mask_rate=config.train.mask_rate, precision=precision)
     if config.train.mask_rate != MaskedLMTask.default_mask_rate:
         raise UserError(f"train.mask_rate is for masked LM, but the task is {task_name}: remove train.mask_rate")
     if task_name == "tagging":  # seqeval scores tag strings: the training split's tag set
-        return get_task(task_name, label_names=label_names)
+        return get_task(task_name, label_names=label_names, precision=precision)
     if task_name == "qa":
         return get_task(task_name, doc_stride=config.model.doc_stride,
-                        max_answer_length=config.eval.max_answer_length)
-    return get_task(task_name)
+                        max_answer_length=config.eval.max_answer_length, precision=precision)
+    return get_task(task_name, precision=precision)
 
 
 @dataclass
@@ -139,7 +141,6 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     model.to(device)  # every copy (split clients, trunk) and every loaded tensor follows the model's device
     task = build_task(config, task_name, loaded.label_names,
                       encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)))
-    task.precision = config.train.precision  # evaluation autocasts as training does
     max_len = config.model.max_length
     test_ds = task.preprocess(loaded.splits["test"], tokenizer, max_len)
     return Prepared(

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport, Executor, RoundPlan
+from fedlm.federation.engine import RoundPlan
+from fedlm.federation.executor import ClientJob
 from fedlm.federation.local_training import LocalSettings, batch_order
-from fedlm.federation.params import NamedTensors
-from fedlm.split.trunk import TO_CLIENT
+from fedlm.federation.observer import RoundObserver
+from fedlm.federation.records import RoundRecord
 
 EVAL_BAR_DELAY_S = 3.0  # an evaluation shorter than this shows no bar
-Evaluate = Callable[[int, NamedTensors, list[int]], dict[str, Any]]  # the engine's evaluate hook
 
 
 def interactive() -> bool:
@@ -53,17 +53,18 @@ def local_steps(num_rows: int, settings: LocalSettings) -> int:
     return len(batch_order(num_rows, settings, torch.Generator())) if num_rows else 0
 
 
-class RoundProgress:
-    """The bars of one run (drawn on a terminal only) and its line per round.
+class RoundProgress(RoundObserver):
+    """The bars of one run (drawn on a terminal only) and its line per round: the run's round observer.
 
-    A round's step total is known when its clients start (:class:`WatchedExecutor`); steps are then heard of
-    one by one (``step`` from in-process clients, ``boundary_message`` from split clients), and whatever a
-    client did not report step by step (a client on another machine, or one that failed) counts when it is
-    done.
+    A round's step total is known when its clients start (from their rows and the round's settings); steps are
+    then heard of one by one (``client_step``, from in-process and split clients alike), and whatever a client
+    did not report step by step (a client on another machine, or one that failed) counts when it is done.
     """
 
-    def __init__(self, name: str, rounds: int, start_round: int, metric: str) -> None:
+    def __init__(self, name: str, rounds: int, start_round: int, metric: str,
+                 client_rows: dict[int, Sequence[dict]]) -> None:
         self.name, self.rounds, self.metric = name, rounds, metric
+        self.client_rows = client_rows
         self.shown = interactive()
         self.rounds_bar = self._bar(total=rounds, initial=start_round - 1, desc=f"{name} rounds", unit="round")
         self.steps_bar: tqdm | None = None  # from the first round's clients on
@@ -75,8 +76,9 @@ class RoundProgress:
     def _bar(self, **kwargs: Any) -> tqdm:
         return tqdm(disable=not self.shown, dynamic_ncols=True, **kwargs)
 
-    def clients_started(self, round_idx: int, steps: dict[int, int]) -> None:
+    def clients_started(self, round_idx: int, jobs: list[ClientJob]) -> None:
         """Clients start training (again, on a retried attempt): their steps join the round's total."""
+        steps = {job.client_id: local_steps(len(self.client_rows[job.client_id]), job.settings) for job in jobs}
         with self.lock:
             if round_idx != self.round:
                 self.round = round_idx
@@ -88,19 +90,12 @@ class RoundProgress:
             self.remaining.update(steps)
             self.steps_bar.refresh()
 
-    def step(self, client_id: int) -> None:
-        """One local step of ``client_id`` is done."""
+    def client_step(self, client_id: int) -> None:
         with self.lock:
             self.remaining[client_id] = self.remaining.get(client_id, 0) - 1
             if self.steps_bar is not None:
                 self.steps_bar.set_postfix_str(f"client {client_id}", refresh=False)
                 self.steps_bar.update(1)
-
-    def boundary_message(self, direction: str, client_id: str, kind: str, tensors: dict[str, Any]) -> None:
-        """A split executor's message hook: a split client's step ends with the trunk's answer to its backward."""
-        del tensors
-        if direction == TO_CLIENT and kind == "backward":
-            self.step(int(client_id))
 
     def client_done(self, client_id: int) -> None:
         """``client_id`` finished (or failed): its steps not heard of one by one count now."""
@@ -109,21 +104,12 @@ class RoundProgress:
             if left > 0 and self.steps_bar is not None:
                 self.steps_bar.update(left)
 
-    def evaluating(self, evaluate: Evaluate) -> Evaluate:
-        """``evaluate`` with a bar over its batches (fed by ``eval_batch``) that shows once it runs long."""
+    def evaluation_started(self, round_idx: int) -> None:
+        """A bar over the evaluation's batches, shown once it runs long."""
+        self.eval_bar = self._bar(total=0, desc=f"round {round_idx} evaluation", unit="batch", leave=False,
+                                  delay=EVAL_BAR_DELAY_S)
 
-        def shown(round_idx: int, params: NamedTensors, clients: list[int]) -> dict[str, Any]:
-            self.eval_bar = self._bar(total=0, desc=f"round {round_idx} evaluation", unit="batch", leave=False,
-                                      delay=EVAL_BAR_DELAY_S)
-            try:
-                return evaluate(round_idx, params, clients)
-            finally:
-                self.eval_bar.close()
-                self.eval_bar = None
-
-        return shown
-
-    def eval_batch(self, done: int, batches: int) -> None:
+    def evaluation_batch(self, done: int, batches: int) -> None:
         """``Task.evaluate``'s callback: batch ``done`` of ``batches`` scored (one data set of the evaluation)."""
         if self.eval_bar is None:
             return
@@ -131,39 +117,22 @@ class RoundProgress:
             self.eval_bar.total += batches
         self.eval_bar.update(1)
 
-    def round_done(self, round_idx: int, record: dict[str, Any]) -> None:
-        """The engine's on_round hook: advance the rounds bar and write the round's line."""
-        scores = {k: f"{v:.4f}" for k, v in record.items() if k.startswith(("test_", "local_")) and self.metric in k
-                  and not k.endswith("by_client")}
-        loss = f"{record['train_loss']:.4f}"
+    def evaluation_done(self) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
+
+    def round_done(self, record: RoundRecord) -> None:
+        """Advance the rounds bar and write the round's line."""
+        scores = {k: f"{v:.4f}" for k, v in record.scores.items()
+                  if k.startswith(("test_", "local_")) and self.metric in k and not k.endswith("by_client")}
+        loss = f"{record.train_loss:.4f}"
         self.rounds_bar.update(1)
         self.rounds_bar.set_postfix(scores | {"loss": loss})
         shown = "".join(f" {k}={v}" for k, v in scores.items())
-        say(f"[{self.name}] round {round_idx}/{self.rounds} train_loss={loss}{shown} wall={record['wall_s']:.1f}s")
-
-    def watch(self, executor: Executor, client_rows: dict[int, Sequence[dict]]) -> Executor:
-        """``executor``, telling this progress each round's clients and their steps as it starts them."""
-        return WatchedExecutor(executor, self, client_rows)
+        say(f"[{self.name}] round {record.round}/{self.rounds} train_loss={loss}{shown} wall={record.wall_s:.1f}s")
 
     def close(self) -> None:
         if self.steps_bar is not None:
             self.steps_bar.close()
         self.rounds_bar.close()
-
-
-class WatchedExecutor:
-    """An executor whose jobs' local steps make the round's step total, wherever the clients run."""
-
-    def __init__(self, inner: Executor, progress: RoundProgress, client_rows: dict[int, Sequence[dict]]) -> None:
-        self.inner = inner
-        self.progress = progress
-        self.client_rows = client_rows
-
-    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]:
-        if jobs:
-            steps = {job.client_id: local_steps(len(self.client_rows[job.client_id]), job.settings) for job in jobs}
-            self.progress.clients_started(jobs[0].round_idx, steps)
-        return self.inner.run(jobs)
-
-    def close(self) -> None:
-        self.inner.close()

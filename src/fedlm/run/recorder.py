@@ -22,6 +22,7 @@ import torch
 
 from fedlm.errors import UserError
 from fedlm.federation.durable import save_atomic, write_text_atomic
+from fedlm.federation.records import FailedRound, RoundRecord
 
 CHECKPOINT = "checkpoint"
 
@@ -60,10 +61,10 @@ class RunRecorder:
     def write_text(self, name: str, text: str) -> None:
         (self.run_dir / name).write_text(text)
 
-    def log_round(self, record: dict[str, Any]) -> None:
+    def log_round(self, record: RoundRecord | FailedRound) -> None:
         """Append one record, on disk before the round's checkpoint is (a resumed run keeps what it names)."""
         with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(_clean(record)) + "\n")
+            fh.write(json.dumps(_clean(record.to_dict())) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
@@ -82,10 +83,10 @@ class RunRecorder:
     def checkpoint_path(self) -> Path:
         return self.run_dir / CHECKPOINT / "state.pt"
 
-    def save_checkpoint(self, round_idx: int, state: dict[str, Any]) -> None:
-        """The checkpoint of ``round_idx`` in one atomic step: the file is the old one or the new one."""
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """A checkpoint's contents in one atomic step: the file is the old one or the new one."""
         self.checkpoint_path.parent.mkdir(exist_ok=True)
-        save_atomic({"round": round_idx, **state}, self.checkpoint_path)
+        save_atomic(state, self.checkpoint_path)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         path = self.checkpoint_path

@@ -1,34 +1,34 @@
 """One run, start to finish: prepare, pick the policy and executor, drive the round engine, save and summarise.
 
 ``run_single`` reads as the steps it takes; each step is a small function here or a module of its own
-(prepare, policy, evaluate, progress, tracking, downstream, recorder, report).
+(prepare, policy, placement, evaluate, progress, tracking, downstream, recorder, report).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from fedlm.config import ExperimentConfig, ProtocolConfig
 from fedlm.data.partition_stats import write_partition_report
-from fedlm.errors import RunStopped, UserError
+from fedlm.errors import RunStopped
 from fedlm.federation.codecs import Codec, get_codec
 from fedlm.federation.dp_sgd import refuse_unsupported
-from fedlm.federation.engine import EngineHooks, Executor, RoundEngine, RoundFailed, RoundPlan
+from fedlm.federation.engine import EngineHooks, RoundEngine, RoundFailed, RoundPlan
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import NamedTensors, load_into, snapshot
 from fedlm.federation.privacy import PrivacySpec, with_privacy
-from fedlm.federation.sharing import SharingPolicy
-from fedlm.federation.simulation import InProcessExecutor
-from fedlm.federation.store import ClientStore, make_client_store
+from fedlm.federation.records import FailedRound, RoundRecord
+from fedlm.federation.store import STATES_DIR, ClientStore, make_client_store
 from fedlm.federation.strategies import Strategy, build_strategy
 from fedlm.run.checkpoint import checkpointer, load_checkpoint
 from fedlm.run.downstream import run_downstream
 from fedlm.run.evaluate import Evaluator
+from fedlm.run.placement import Placement, RunClients, Simulation
 from fedlm.run.policy import describe_policy, encoder_is_global, run_policy
 from fedlm.run.prepare import Prepared, num_clients_of, partition_labels, prepare
 from fedlm.run.progress import RoundProgress, announce
@@ -36,41 +36,24 @@ from fedlm.run.recorder import RunRecorder
 from fedlm.run.report import markdown_table, plot_run, summarize
 from fedlm.run.rundir import clear_run, config_text, refuse_existing
 from fedlm.run.tracking import Trackers, open_trackers
-from fedlm.split.executor import RemoteClients, SplitExecutor
-from fedlm.split.trunk import TrunkBackend
 from fedlm.tasks import Task
 
 log = logging.getLogger("fedlm")
 
-
-class ExecutorFactory(Protocol):
-    """Builds the executor that runs a FedAvg-family run's clients (``InProcessExecutor``'s constructor, or
-    Flower's)."""
-
-    def __call__(self, model: torch.nn.Module, task: Task, client_rows: dict[int, Sequence[dict]], codec: Codec,
-                 store: ClientStore, local_names: list[str],
-                 progress: Callable[[int], None] | None = None) -> Executor: ...
-
-
-RemoteFactory = Callable[[TrunkBackend, Codec], RemoteClients]
+SIMULATION = Simulation()  # every client in this process
 
 
 def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resume: bool = False,
-               overwrite: bool = False, executor_factory: ExecutorFactory | None = None,
-               split_remote: RemoteFactory | None = None) -> dict[str, Any]:
+               overwrite: bool = False, placement: Placement = SIMULATION) -> dict[str, Any]:
     """Run (or resume) one experiment into ``run_dir``; returns its summary row. A new run refuses a directory
     holding a run unless ``overwrite``, and replaces it only once its config, data and model have loaded.
-    ``executor_factory`` runs the clients elsewhere (Flower); for a split run, ``split_remote`` does (see
-    ``SplitExecutor``)."""
-    if config.split is not None and executor_factory is not None and split_remote is None:
-        raise UserError("this deployment runs FedAvg clients only; split learning needs the trunk served to the "
-                        "clients (split_remote), as fedlm's Flower ServerApp does")
+    ``placement`` says where the clients run (this process by default; Flower's ServerApp passes its own)."""
     if not resume:
         refuse_existing(run_dir, overwrite)
     trackers = open_trackers(config, run_dir, resume)  # a missing tracker package stops the run here
     recorder = RunRecorder(run_dir)
     checkpoint = load_checkpoint(recorder, config) if resume else None  # another config's: refused here
-    start = checkpoint["round"] + 1 if checkpoint is not None else 1
+    start = checkpoint.round + 1 if checkpoint is not None else 1
     n_clients = num_clients_of(config)
     plan = round_plan(config, n_clients)
     announce(config.name, config.protocol.kind, plan, n_clients, start, run_dir)
@@ -85,30 +68,29 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
         recorder.start_afresh(config_text(config))
     initial = snapshot(prep.model, policy.global_names + policy.local_names)
     store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
-                              run_dir / "client_states")
+                              run_dir / STATES_DIR)
     global_params = {n: initial[n] for n in policy.global_names}
-    strategy = private(build_strategy(config.protocol), prep, plan, n_clients)
+    strategy = run_strategy(prep, plan)
     codec = run_codec(config.protocol)
     if checkpoint is not None:
-        store.restore(checkpoint["clients"], checkpoint["round"])  # one that does not fit is refused here
+        store.restore(checkpoint.clients, checkpoint.round)  # one that does not fit is refused here
         if config.split is not None and config.split.optimizer_state == "carry":
             log.warning("%s: split.optimizer_state carry: checkpoints hold no optimizer state, so the resumed "
                         "rounds start the trunk's and the client parts' optimizers afresh", config.name)
-        global_params = checkpoint["global"]
-        strategy.load_state_dict(checkpoint["strategy"])
-        recorder.truncate_after(checkpoint["round"])
+        global_params = checkpoint.global_params
+        strategy.load_state_dict(checkpoint.strategy)
+        recorder.truncate_after(checkpoint.round)
     record_inputs(recorder, prep)
     recorder.write_json("sharing.json", describe_policy(policy, prep.model))
-    progress = RoundProgress(config.name, config.protocol.rounds, start, prep.task.target_metric()[0])
-    settings = LocalSettings.from_config(config.train, PrivacySpec.from_config(config.privacy).client_settings())
-    evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.eval_batch)
-    hooks = EngineHooks(evaluate=progress.evaluating(evaluator), record=recording(recorder, trackers),
-                        checkpoint=checkpointer(recorder, store, strategy, config), on_round=progress.round_done,
-                        frozen_for=policy.frozen_for)
-    executor = progress.watch(build_executor(prep, policy, codec, store, settings, hooks, progress,
-                                             executor_factory, split_remote), prep.client_train)
+    progress = RoundProgress(config.name, config.protocol.rounds, start, prep.task.target_metric()[0],
+                             prep.client_train)
+    settings = LocalSettings.from_config(config.train)
+    evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.evaluation_batch)
+    hooks = EngineHooks(evaluate=evaluator, record=recording(recorder, trackers),
+                        checkpoint=checkpointer(recorder, store, strategy, config))
+    executor = placement.executor(RunClients(prep, policy, codec, store, settings, progress))
     engine = RoundEngine(strategy=strategy, executor=executor, codec=codec, client_ids=list(range(n_clients)),
-                         settings=settings, plan=plan, hooks=hooks)
+                         settings=settings, plan=plan, hooks=hooks, observer=progress, sharing=policy)
     try:
         final = engine.run(global_params, start_round=start)
     except RoundFailed as failed:
@@ -136,62 +118,42 @@ def record_inputs(recorder: RunRecorder, prep: Prepared) -> None:
                            partition_labels(prep.loaded, "train")[1])
 
 
-def private(strategy: Strategy, prep: Prepared, plan: RoundPlan, n_clients: int) -> Strategy:
-    """The strategy inside the privacy section's wrapper (client-level noise, the epsilon ledger); itself without
-    DP."""
+def run_strategy(prep: Prepared, plan: RoundPlan) -> Strategy:
+    """The protocol's strategy inside the privacy section's kind (client-level noise, or DP-SGD's ledger)."""
     config = prep.config
-    spec = PrivacySpec.from_config(config.privacy)
-    return with_privacy(strategy, spec, num_clients=n_clients, clients_per_round=plan.clients_per_round,
+    return with_privacy(build_strategy(config.protocol), PrivacySpec.from_config(config.privacy),
+                        num_clients=num_clients_of(config), clients_per_round=plan.clients_per_round,
                         client_examples={cid: len(rows) for cid, rows in prep.client_train.items()},
                         batch_size=config.train.batch_size, seed=config.seed)
 
 
 def run_codec(protocol: ProtocolConfig) -> Codec:
     """What crosses the wire: fp32 for centralized (nothing is sent), else the protocol's codec."""
-    if protocol.kind == "centralized":
+    if not protocol.traits.has_wire:
         return get_codec("fp32")
     return get_codec(protocol.codec, protocol.codec_block_size)
 
 
 def round_plan(config: ExperimentConfig, n_clients: int) -> RoundPlan:
     protocol = config.protocol
-    per_round = n_clients if protocol.kind in ("isolated", "centralized") else (
+    per_round = n_clients if not protocol.traits.samples_clients else (
         protocol.clients_per_round or max(1, round(protocol.fraction * n_clients)))
     return RoundPlan(rounds=protocol.rounds, clients_per_round=per_round,
                      min_clients=min(protocol.min_clients, per_round), max_retries=protocol.max_retries,
                      timeout_s=protocol.client_timeout_s, seed=config.seed,
-                     count_bytes=protocol.kind not in ("centralized", "isolated"),
+                     count_bytes=protocol.traits.counts_bytes,
                      eval_every=config.eval.every, checkpoint_every=config.checkpoint_every,
                      lr_schedule=config.train.lr_schedule)
 
 
-def recording(recorder: RunRecorder, trackers: Trackers) -> Callable[[dict[str, Any]], None]:
+def recording(recorder: RunRecorder, trackers: Trackers) -> Callable[[RoundRecord | FailedRound], None]:
     """The engine's record hook: each round's record into metrics.jsonl, then to the trackers (report_to)."""
 
-    def record(round_record: dict[str, Any]) -> None:
+    def record(round_record: RoundRecord | FailedRound) -> None:
         recorder.log_round(round_record)
-        trackers.log(round_record)
+        trackers.log(round_record.to_dict())
 
     return record
-
-
-def build_executor(prep: Prepared, policy: SharingPolicy, codec: Codec, store: ClientStore, settings: LocalSettings,
-                   hooks: EngineHooks, progress: RoundProgress, executor_factory: ExecutorFactory | None,
-                   split_remote: RemoteFactory | None) -> Executor:
-    """Split learning's executor (wired into the engine's hooks), or the FedAvg family's. Clients in this
-    process report each step to ``progress``; others, each finished client."""
-    if prep.config.split is None:
-        if executor_factory is not None:
-            return executor_factory(prep.model, prep.task, prep.client_train, codec, store, policy.local_names,
-                                    progress=progress.client_done)
-        return InProcessExecutor(prep.model, prep.task, prep.client_train, codec, store, policy.local_names,
-                                 progress=progress.client_done, on_step=progress.step)
-    executor = SplitExecutor(prep.model, prep.config.split, prep.task, prep.client_train, codec, store, settings,
-                             hook=progress.boundary_message, progress=progress.client_done, remote=split_remote,
-                             max_length=prep.config.model.max_length)
-    hooks.downlink, hooks.begin_round = executor.downlink, executor.begin_round
-    hooks.server_params = executor.server_params  # the trunk (and share's parts) enter the global model here
-    return executor
 
 
 def save_final_model(prep: Prepared, final: NamedTensors, store: ClientStore, path: Path, personalized: bool,

@@ -19,16 +19,8 @@ from torch import Tensor
 
 from fedlm.federation.client_round import ClientAbandoned, call_with_deadline, finite_update
 from fedlm.federation.codecs import Codec, Encoded
-from fedlm.federation.engine import ClientJob, ClientReport
-from fedlm.federation.local_training import (
-    LocalSettings,
-    LossTally,
-    batch_order,
-    check_deadline,
-    clip_and_step,
-    make_optimizer,
-    row_lengths,
-)
+from fedlm.federation.executor import ClientJob, ClientReport
+from fedlm.federation.local_training import LocalLoop, LocalSettings, clip_and_step
 from fedlm.federation.params import load_into
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.models.cut import Activations, SplitModel
@@ -53,30 +45,24 @@ def client_steps(client: SplitModel, task: Task, rows: Sequence[dict], settings:
     holds the client's parameters and state carried from an earlier turn; otherwise a fresh one is made.
     The bottom and top compute on the client model's device under ``settings.precision``'s autocast.
     """
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)  # dropout
-    client.model.train()
-    params = [p for p in client.client_parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, settings) if optimizer is None else optimizer
+    loop = LocalLoop(client.model, task, rows, settings, seed, params=client.client_parameters(), optimizer=optimizer,
+                     deadline=deadline)
     device = model_device(client.model)
-    tally = LossTally()
-    lengths = row_lengths(rows) if settings.group_by_length else None
-    for step, batch_rows in enumerate(batch_order(len(rows), settings, generator, lengths)):
-        check_deadline(deadline, step)
-        batch = to_device(task.collate([rows[i] for i in batch_rows], generator), client.model)
+    for step, batch in enumerate(loop):
+        batch = to_device(batch, client.model)
         with autocast(device, settings.precision):
             sent = client.bottom(**model_inputs(batch))
         top_in: Activations = yield ("forward", step, sent)
         with autocast(device, settings.precision):
             loss, count = task.loss_from_hidden(client.model, client.top(top_input(top_in, device)), batch)
-        optimizer.zero_grad(set_to_none=True)
+        loop.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad: Tensor = yield ("backward", step, top_in.hidden.grad)
         if sent.hidden.requires_grad:  # else a frozen bottom (an adapter, no client blocks below the cut)
             sent.hidden.backward(grad.to(device))
-        clip_and_step(optimizer, params, settings.max_grad_norm)
-        tally.add(loss, count)
-    return tally.metrics(len(rows))
+        clip_and_step(loop.optimizer, loop.trainable, settings.max_grad_norm)
+        loop.done(loss, count)
+    return loop.metrics()
 
 
 def top_input(answer: Activations, device: torch.device) -> Activations:

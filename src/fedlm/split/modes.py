@@ -1,6 +1,7 @@
 """Split learning's trunk modes (the config's ``split.trunk_mode``): how a round's clients meet the server's
-trunk, and how the trunk they trained enters the global model. :func:`build_trunk_backend` is the one place a
-trunk backend is made, for the round engine's executor and for ``fedlm trunk serve`` alike.
+trunk, and how the trunk they trained enters the global model. :class:`TrunkChoice` resolves the config's trunk
+choices once and is the one place a trunk backend is made, for the round engine's executor and for
+``fedlm trunk serve`` alike.
 
 * ``sequential`` (:class:`Sequential`; FedBERT Alg. 3, FL-GLM serial): one trunk, stepped by each client in
   turn; the server hands that trunk to the global model at the round's end (``server_params``);
@@ -9,73 +10,64 @@ trunk backend is made, for the round engine's executor and for ``fedlm trunk ser
 * ``client_batch`` (:class:`ClientBatch`; FL-GLM Fig. 3): the round's clients send one batch each, and every
   trunk step runs them together (:class:`~fedlm.split.trunk_batching.BatchingTrunkBackend`); the one trunk
   enters the global model as in ``sequential``.
+
+A mode does not run the round: the split executor runs the turns and calls the mode's hooks around each
+(``before_turn``, ``after_turn``), reading its flags to know how the turns go (``lockstep``) and where its
+clients may run (``remote``).
 """
 
 from __future__ import annotations
 
-import abc
-from typing import ClassVar, Protocol
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
 
 from fedlm.config import SplitConfig
 from fedlm.errors import UserError
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import LocalSettings, make_optimizer
-from fedlm.federation.params import NamedTensors
+from fedlm.federation.params import NamedTensors, load_into, snapshot
 from fedlm.models.cut import SplitModel
 from fedlm.split.trunk import WIRE_DTYPES, TrunkBackend, TrunkLimits
 from fedlm.split.trunk_batching import BatchingTrunkBackend
 
-Result = ClientReport | ClientFailure
 
+class TrunkMode:
+    """How a round's clients meet the trunk, and what of the trunk the reports and the server contribute.
 
-class Round(Protocol):
-    """A round in progress, as a trunk mode drives it (the split executor)."""
+    It acts on the server's trunk (``server``'s parameters ``names``, trained through ``backend``); the split
+    executor calls its hooks as the round and each turn begin and end."""
 
-    backend: TrunkBackend
-
-    def trunk(self) -> NamedTensors:
-        """A copy of the trunk's parameters as they are now."""
-        ...
-
-    def load_trunk(self, params: NamedTensors) -> None: ...
-
-    def turns(self, jobs: list[ClientJob]) -> list[Result]:
-        """The clients train against the trunk alone, one after another in job order, each turn started by
-        the mode's :meth:`TrunkMode.start_turn` and its report taken in before the next turn."""
-        ...
-
-    def together(self, jobs: list[ClientJob]) -> list[Result]:
-        """The clients train at once, one message each per trunk step (a client batch)."""
-        ...
-
-
-class TrunkMode(abc.ABC):
-    """How a round's clients meet the trunk, and what of the trunk the reports and the server contribute."""
-
-    backend: ClassVar[type[TrunkBackend]] = TrunkBackend
+    backend_class: ClassVar[type[TrunkBackend]] = TrunkBackend
+    lockstep: ClassVar[bool] = False  # the round is one turn: its clients train together, a message each per step
     one_trunk: ClassVar[bool] = True  # a single trunk all round (its optimizer can be carried on)
     remote: ClassVar[bool] = True  # its clients can run on their own machines, one turn per message
     serves_alone: ClassVar[bool] = False  # a long-lived trunk server without a round engine behaves so
 
+    def __init__(self, server: SplitModel, names: list[str], backend: TrunkBackend) -> None:
+        self.server = server
+        self.names = names
+        self.backend = backend
+
+    def trunk(self) -> NamedTensors:
+        """A copy of the trunk's parameters as they are now."""
+        return snapshot(self.server.model, self.names)
+
     def begin_round(self, trunk: NamedTensors) -> None:
-        """The round starts from ``trunk`` (already loaded into the server's model)."""
-        del trunk  # one trunk: nothing to keep
+        """The round (or a retried attempt) starts from ``trunk``."""
+        load_into(self.server.model, trunk)
 
-    @abc.abstractmethod
-    def run(self, jobs: list[ClientJob], round: Round) -> list[Result]:
-        """The round's client turns, one result per job, in job order."""
+    def before_turn(self, client_ids: list[str]) -> None:
+        """``client_ids`` (one client alone, or the round's clients in lockstep) are about to train."""
+        del client_ids  # one trunk: it goes on from where the last turn left it
 
-    def start_turn(self, round: Round) -> None:
-        """A client's turn alone against the trunk begins."""
-        del round  # one trunk: it goes on from where the last turn left it
-
-    def report_params(self, round: Round) -> NamedTensors:
-        """What of the trunk a report carries into FedAvg's average, right after its client's turn."""
+    def after_turn(self) -> NamedTensors:
+        """What of the trunk the turn's reports carry into FedAvg's average, right after the turn."""
         return {}
 
-    def server_params(self, round: Round) -> NamedTensors:
+    def server_params(self) -> NamedTensors:
         """What of the trunk the server hands to the global model itself at the round's end."""
-        return round.trunk()
+        return self.trunk()
 
 
 class Sequential(TrunkMode):
@@ -83,51 +75,46 @@ class Sequential(TrunkMode):
 
     serves_alone = True
 
-    def run(self, jobs: list[ClientJob], round: Round) -> list[Result]:
-        return round.turns(jobs)
-
 
 class Parallel(TrunkMode):
     """A trunk copy per client, each starting from the round's trunk, averaged weighted by examples.
 
     FedBERT's Alg. 2 averages the copies as FedAvg averages client models, over the clients that reported
-    and weighted by their examples; so each report carries its client's copy (``report_params``) and the
+    and weighted by their examples; so each report carries its client's copy (``after_turn``) and the
     engine's FedAvg computes exactly that average, failed clients left out, with no second implementation
     of the weighting here. The server contributes nothing of its own (``server_params`` is empty).
     """
 
     one_trunk = False
 
-    def __init__(self) -> None:
+    def __init__(self, server: SplitModel, names: list[str], backend: TrunkBackend) -> None:
+        super().__init__(server, names, backend)
         self._start: NamedTensors = {}
 
     def begin_round(self, trunk: NamedTensors) -> None:
+        super().begin_round(trunk)
         self._start = trunk
 
-    def run(self, jobs: list[ClientJob], round: Round) -> list[Result]:
-        return round.turns(jobs)
+    def before_turn(self, client_ids: list[str]) -> None:
+        load_into(self.server.model, self._start)  # this client's own copy of the round's trunk
 
-    def start_turn(self, round: Round) -> None:
-        round.load_trunk(self._start)  # this client's own copy of the round's trunk
+    def after_turn(self) -> NamedTensors:
+        return self.trunk()
 
-    def report_params(self, round: Round) -> NamedTensors:
-        return round.trunk()
-
-    def server_params(self, round: Round) -> NamedTensors:
+    def server_params(self) -> NamedTensors:
         return {}
 
 
 class ClientBatch(TrunkMode):
     """Every trunk step runs one batch from each of the round's clients, in lockstep; one trunk."""
 
-    backend = BatchingTrunkBackend
+    backend_class = BatchingTrunkBackend
+    lockstep = True
     remote = False
 
-    def run(self, jobs: list[ClientJob], round: Round) -> list[Result]:
-        backend = round.backend
-        assert isinstance(backend, BatchingTrunkBackend), "built by build_trunk_backend from this mode"
-        backend.expect([str(job.client_id) for job in jobs])
-        return round.together(jobs)
+    def before_turn(self, client_ids: list[str]) -> None:
+        assert isinstance(self.backend, BatchingTrunkBackend), "built by TrunkChoice.backend from this mode"
+        self.backend.expect(client_ids)
 
 
 TRUNK_MODES: dict[str, type[TrunkMode]] = {
@@ -135,23 +122,32 @@ TRUNK_MODES: dict[str, type[TrunkMode]] = {
 }
 
 
-def build_trunk_backend(split: SplitModel, spec: SplitConfig, settings: LocalSettings,
-                        max_length: int | None = None) -> TrunkBackend:
-    """The server's trunk as a config describes it: the trunk mode's backend over ``split``'s trunk, the
-    training optimizer (a factory, so a turn can start it afresh), gradient clipping at
-    ``train.max_grad_norm``, activations and gradients taken in ``split.activation_dtype`` only, and the
-    trunk computing under ``train.precision``'s autocast on the device its parameters are on, and messages
-    bounded to what a client of this run sends (:meth:`TrunkLimits.for_model`: the model's positions,
-    ``max_length`` (the config's ``model.max_length``) when given, one ``train.batch_size`` batch).
+@dataclass(frozen=True)
+class TrunkChoice:
+    """The config's trunk choices resolved: the trunk mode and the precision activations cross the boundary in."""
 
-    fp16 is refused: its loss scale would have to cross the boundary with every gradient (a client's scaled
-    gradient overflowing is routine for a loss scaler, but a non-finite message is refused), so split runs
-    train in fp32 or bf16, which needs no scaling."""
-    if settings.precision == "fp16":
-        raise UserError("train.precision = 'fp16' is not for split learning (its loss scale would have to cross "
-                        "the client/trunk boundary); use bf16, which needs no loss scaling, or fp32")
-    backend_class = TRUNK_MODES[spec.trunk_mode].backend
-    return backend_class(split.trunk, split.model.config.hidden_size, lambda params: make_optimizer(params, settings),
-                         max_grad_norm=settings.max_grad_norm, wire_dtype=WIRE_DTYPES[spec.activation_dtype],
-                         precision=settings.precision,
-                         limits=TrunkLimits.for_model(split.model.config, max_length, settings.batch_size))
+    mode: type[TrunkMode]
+    wire_dtype: torch.dtype
+
+    @classmethod
+    def of(cls, spec: SplitConfig) -> TrunkChoice:
+        return cls(TRUNK_MODES[spec.trunk_mode], WIRE_DTYPES[spec.activation_dtype])
+
+    def backend(self, split: SplitModel, settings: LocalSettings, max_length: int | None = None) -> TrunkBackend:
+        """The server's trunk: the mode's backend over ``split``'s trunk, the training optimizer (a factory, so
+        a turn can start it afresh), gradient clipping at ``train.max_grad_norm``, activations and gradients
+        taken in the wire dtype only, the trunk computing under ``train.precision``'s autocast on the device
+        its parameters are on, and messages bounded to what a client of this run sends
+        (:meth:`TrunkLimits.for_model`: the model's positions, ``max_length`` (the config's
+        ``model.max_length``) when given, one ``train.batch_size`` batch).
+
+        fp16 is refused: its loss scale would have to cross the boundary with every gradient (a client's scaled
+        gradient overflowing is routine for a loss scaler, but a non-finite message is refused), so split runs
+        train in fp32 or bf16, which needs no scaling."""
+        if settings.precision == "fp16":
+            raise UserError("train.precision = 'fp16' is not for split learning (its loss scale would have to "
+                            "cross the client/trunk boundary); use bf16, which needs no loss scaling, or fp32")
+        return self.mode.backend_class(
+            split.trunk, split.model.config.hidden_size, lambda params: make_optimizer(params, settings),
+            max_grad_norm=settings.max_grad_norm, wire_dtype=self.wire_dtype, precision=settings.precision,
+            limits=TrunkLimits.for_model(split.model.config, max_length, settings.batch_size))

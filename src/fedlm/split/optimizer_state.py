@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from fedlm.federation.engine import ClientJob
+from fedlm.federation.executor import ClientJob
 from fedlm.federation.local_training import make_optimizer
 from fedlm.federation.params import NamedTensors, nbytes
 from fedlm.models.cut import SplitModel

@@ -1,8 +1,9 @@
 """Who owns which parameters in split learning, and what happens to the client's.
 
-The client holds its bottom and top, the server the trunk (:class:`SplitParts`). A client-part policy
-(:data:`CLIENT_PARTS`, the config's ``split.client_parts``) decides which client parameters leave the client
-and how they come back into the global model:
+The client holds its bottom and top, the server the trunk (:class:`SplitParts`). A parts policy
+(:data:`PARTS_POLICIES`, the config's ``split.client_parts``) decides which client parameters leave the client
+and how they come back into the global model (not to be confused with the engine's
+:class:`~fedlm.federation.sharing.SharingPolicy`, which a split run derives from :class:`SplitParts`):
 
 * ``share`` (FedBERT's Head-Emd Share): bottom and top are handed from client to client through the server;
   each client starts from the parts the previous one finished with, and the last one's are the round's;
@@ -22,7 +23,6 @@ import torch
 
 from fedlm.config import SplitConfig
 from fedlm.federation.params import NamedTensors, trainable_names
-from fedlm.federation.sharing import SharingPolicy
 from fedlm.models.cut import Cut, SplitModel
 
 
@@ -36,13 +36,11 @@ class SplitParts:
     shared: list[str]  # client parameters averaged or passed on
     local: list[str]  # client parameters that never leave their client
 
-    def policy(self) -> SharingPolicy:
-        """The engine's view: the trunk and the shared client parts are global, the rest local."""
-        return SharingPolicy(self.trunk + self.shared, self.local)
 
-
-class ClientParts(abc.ABC):
-    """A client-part policy: which client parameters are shared, and what a client's upload of them becomes.
+class PartsPolicy(abc.ABC):
+    """A parts policy: which client parameters are shared, and what a client's upload of them becomes. The
+    split executor calls it around each turn: what the turn's clients start from (``relayed``, before), what
+    their reports carry (``take``, after), and what the server hands to the global model (``server_params``).
 
     By default each report carries the uploaded parts into FedAvg's average; a policy that hands them on
     instead keeps them (``take``) and gives the last ones to the global model itself (``server_params``).
@@ -50,8 +48,9 @@ class ClientParts(abc.ABC):
 
     relays: ClassVar[bool] = False  # the parts travel from client to client, not into an average
 
+    @classmethod
     @abc.abstractmethod
-    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+    def shared(cls, bottom: list[str], top: list[str]) -> list[str]:
         """The client parameter names that leave the client."""
 
     def begin_round(self) -> None:
@@ -59,7 +58,7 @@ class ClientParts(abc.ABC):
         return None  # nothing handed on to forget
 
     def relayed(self) -> NamedTensors | None:
-        """The parts the next client starts from instead of the round's, if any."""
+        """The parts the next turn's clients start from instead of the round's, if any."""
         return None
 
     def take(self, uploaded: NamedTensors) -> NamedTensors:
@@ -71,7 +70,7 @@ class ClientParts(abc.ABC):
         return {}
 
 
-class Share(ClientParts):
+class Share(PartsPolicy):
     """Head-Emd Share: bottom and top passed from client to client; the last client's become the round's."""
 
     relays = True
@@ -79,7 +78,8 @@ class Share(ClientParts):
     def __init__(self) -> None:
         self._relay: NamedTensors | None = None
 
-    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+    @classmethod
+    def shared(cls, bottom: list[str], top: list[str]) -> list[str]:
         return bottom + top
 
     def begin_round(self) -> None:
@@ -96,28 +96,31 @@ class Share(ClientParts):
         return dict(self._relay or {})
 
 
-class Average(ClientParts):
+class Average(PartsPolicy):
     """Head-Emd Avg: bottom and top averaged over the round's clients."""
 
-    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+    @classmethod
+    def shared(cls, bottom: list[str], top: list[str]) -> list[str]:
         return bottom + top
 
 
-class AverageBottom(ClientParts):
+class AverageBottom(PartsPolicy):
     """EmdAvg: the bottom (embeddings and first blocks) averaged; each client keeps its top."""
 
-    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+    @classmethod
+    def shared(cls, bottom: list[str], top: list[str]) -> list[str]:
         return list(bottom)
 
 
-class Local(ClientParts):
+class Local(PartsPolicy):
     """Nothing of the client's leaves it; only the trunk is common."""
 
-    def shared(self, bottom: list[str], top: list[str]) -> list[str]:
+    @classmethod
+    def shared(cls, bottom: list[str], top: list[str]) -> list[str]:
         return []
 
 
-CLIENT_PARTS: dict[str, type[ClientParts]] = {
+PARTS_POLICIES: dict[str, type[PartsPolicy]] = {
     "share": Share, "average": Average, "average_bottom": AverageBottom, "local": Local,
 }
 
@@ -127,9 +130,9 @@ def split_model(model: torch.nn.Module, spec: SplitConfig) -> SplitModel:
     return SplitModel(model, Cut(spec.bottom_blocks, spec.top_blocks))
 
 
-def split_parts(split: SplitModel, policy: ClientParts) -> SplitParts:
+def split_parts(split: SplitModel, policy: type[PartsPolicy]) -> SplitParts:
     """Each side's trainable parameters (with an adapter, only its weights and the head: a frozen base
-    never travels)."""
+    never travels), the client's sorted by ``policy`` into shared and local."""
     trainable = set(trainable_names(split.model))
     bottom = [n for n in split.bottom_parameter_names() if n in trainable]
     top = [n for n in split.client_parameter_names() if n in trainable and n not in set(bottom)]  # tied: bottom

@@ -2,7 +2,7 @@
 messages to the trunk, counting their exact bytes.
 
 ``InProcessTransport`` calls a :class:`~fedlm.split.trunk.TrunkBackend` in this process through the same
-serialisation and checks as the network; :class:`~fedlm.split.grpc.GrpcTransport` reaches a trunk over gRPC.
+serialisation and checks as the network; :class:`~fedlm.split.grpc_client.GrpcTransport` reaches a trunk over gRPC.
 Both are a :class:`ClientSide`, which owns what they share: precision, encoding, byte counts and hooks.
 """
 
@@ -140,7 +140,7 @@ class InProcessTransport(ClientSide):
 class InProcessConnections:
     """Opens an :class:`InProcessTransport` to ``backend`` per client session (the simulator's default); the
     hook sees each message as the client sends and receives it. Same constructor and calls as
-    :class:`~fedlm.split.grpc.LoopbackGrpc`, so the simulator picks either from ``split.transport``."""
+    :class:`~fedlm.split.grpc_client.LoopbackGrpc`, so the simulator picks either from ``split.transport``."""
 
     def __init__(self, backend: TrunkBackend, client_ids: list[str], hook: MessageHook | None,
                  wire_dtype: torch.dtype = torch.float32) -> None:

@@ -1,9 +1,10 @@
 """Where a split round's clients run: in this process (:class:`LocalClients`, the simulator) or on their own
 machines (:class:`RemoteSide`, Flower nodes reaching this process's trunk over gRPC).
 
-Either answers a client turn with a :class:`~fedlm.federation.engine.ClientReport` whose params are the
-client parts it uploaded, with the boundary's byte counts filled in; what the report then carries into the
-average is the executor's business (the client-part policy and the trunk mode).
+Either answers a client turn with a :class:`~fedlm.federation.executor.ClientReport` whose params are the
+client parts it uploaded, with the boundary's byte counts filled in. What a turn's clients start from besides
+the round's parts (``relayed``, the parts policy's) and what the report then carries into the average are the
+split executor's business, which calls the trunk mode's and the parts policy's hooks around each turn.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 
 from fedlm.federation.client_round import ClientAbandoned, client_failure, finite_update, stop_at_next_module
 from fedlm.federation.codecs import Codec
-from fedlm.federation.engine import ClientFailure, ClientJob, ClientReport
-from fedlm.federation.params import load_into, snapshot
+from fedlm.federation.executor import ClientJob, ClientReport, Result
+from fedlm.federation.params import NamedTensors, load_into, snapshot
 from fedlm.federation.store import ClientStore
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.models.cut import SplitModel
@@ -31,15 +32,13 @@ from fedlm.split.client import (
     drive,
     drive_lockstep,
 )
-from fedlm.split.grpc import LoopbackGrpc
+from fedlm.split.grpc_client import LoopbackGrpc
 from fedlm.split.optimizer_state import OptimizerState
-from fedlm.split.parts import ClientParts, SplitParts, client_copy
+from fedlm.split.parts import SplitParts, client_copy
 from fedlm.split.transport import InProcessConnections, Transport
 from fedlm.split.trunk import MessageHook, TrunkBackend
 from fedlm.split.turn_gate import TurnHook
 from fedlm.tasks import Task
-
-Result = ClientReport | ClientFailure
 
 
 class Connections(Protocol):
@@ -50,7 +49,9 @@ class Connections(Protocol):
     def close(self) -> None: ...
 
 
-CONNECTIONS: dict[str, Callable[[TrunkBackend, list[str], MessageHook | None, torch.dtype], Connections]] = {
+Connect = Callable[[TrunkBackend, list[str], MessageHook | None, torch.dtype], Connections]  # the session opener
+
+CONNECTIONS: dict[str, Connect] = {
     "inprocess": InProcessConnections,  # through the same serialisation and checks as the network
     "grpc": LoopbackGrpc,  # a loopback TLS server: every message crosses the real gRPC stack
 }
@@ -60,7 +61,7 @@ class RemoteClients(Protocol):
     """Clients on other machines (Flower nodes): ``run`` sends each job to its client, which trains its parts
     against this process's trunk over gRPC and answers with its shared parts and boundary byte counts."""
 
-    def run(self, jobs: list[ClientJob]) -> list[ClientReport | ClientFailure]: ...
+    def run(self, jobs: list[ClientJob]) -> list[Result]: ...
 
     def dispatches(self, jobs: list[ClientJob]) -> bool:
         """Whether ``jobs``, turns that do not depend on each other, can be sent at once (:meth:`dispatch`)."""
@@ -75,11 +76,12 @@ class RemoteClients(Protocol):
 
 
 class Clients(Protocol):
-    """Runs client turns against the trunk: one client alone, or several in lockstep."""
+    """Runs client turns against the trunk: one client alone, or several in lockstep; each client starts from
+    ``relayed`` instead of the parts its job was sent, when given."""
 
-    def turn(self, job: ClientJob) -> Result: ...
+    def turn(self, job: ClientJob, relayed: NamedTensors | None) -> Result: ...
 
-    def together(self, jobs: list[ClientJob]) -> list[Result]: ...
+    def together(self, jobs: list[ClientJob], relayed: NamedTensors | None) -> list[Result]: ...
 
     def close(self) -> None: ...
 
@@ -96,12 +98,11 @@ class LocalClients:
     member stuck at the deadline holds the others up to it, as it would in a deployment.
     """
 
-    def __init__(self, server: SplitModel, parts: SplitParts, policy: ClientParts, optimizer_state: OptimizerState,
-                 task: Task, client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore,
+    def __init__(self, server: SplitModel, parts: SplitParts, optimizer_state: OptimizerState, task: Task,
+                 client_rows: dict[int, Sequence[dict]], codec: Codec, store: ClientStore,
                  connect: Connections) -> None:
         self.server = server
         self.parts = parts
-        self.policy = policy
         self.optimizer_state = optimizer_state
         self.task = task
         self.client_rows = client_rows
@@ -111,9 +112,9 @@ class LocalClients:
         self.models: list[SplitModel] = []  # client copies, made once and reused by every turn
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fedlm-split")
 
-    def turn(self, job: ClientJob) -> Result:
+    def turn(self, job: ClientJob, relayed: NamedTensors | None) -> Result:
         client = self._model(0)
-        self._prepare(client, job)
+        self._prepare(client, job, relayed)
         transport = self.connect(str(job.client_id))
         try:
             metrics = drive(self._steps(client, job), transport)
@@ -126,10 +127,10 @@ class LocalClients:
         finally:
             transport.close()
 
-    def together(self, jobs: list[ClientJob]) -> list[Result]:
+    def together(self, jobs: list[ClientJob], relayed: NamedTensors | None) -> list[Result]:
         clients = {job.client_id: self._model(i) for i, job in enumerate(jobs)}
         for job in jobs:
-            self._prepare(clients[job.client_id], job)
+            self._prepare(clients[job.client_id], job, relayed)
         transports = {job.client_id: self.connect(str(job.client_id)) for job in jobs}
         steps = {job.client_id: self._steps(clients[job.client_id], job) for job in jobs}
         outcomes = drive_lockstep(steps, transports, self._pool)
@@ -161,8 +162,9 @@ class LocalClients:
         stop_at_next_module(self.models[index].model)
         self.models[index] = client_copy(self.server)
 
-    def _prepare(self, client: SplitModel, job: ClientJob) -> None:
-        relayed = self.policy.relayed()  # share: the previous client's parts (passed through the server)
+    def _prepare(self, client: SplitModel, job: ClientJob, relayed: NamedTensors | None) -> None:
+        """The parts the client was sent, or those relayed (share: the previous client's, through the server),
+        then what it keeps."""
         load_into(client.model, self.codec.decode(job.params) if relayed is None else relayed)
         load_into(client.model, self.store.get(job.client_id))
 
@@ -190,23 +192,22 @@ class RemoteSide:
     """The round's clients on their own machines: each is sent what it would load here (``share``: the parts
     the previous client finished with), and its report's boundary counts move from its metrics to the report."""
 
-    def __init__(self, remote: RemoteClients, policy: ClientParts, codec: Codec) -> None:
+    def __init__(self, remote: RemoteClients, codec: Codec) -> None:
         self.remote = remote
-        self.policy = policy
         self.codec = codec
 
-    def turn(self, job: ClientJob) -> Result:
-        return self.together([job])[0]
+    def turn(self, job: ClientJob, relayed: NamedTensors | None) -> Result:
+        return self.together([job], relayed)[0]
 
     def dispatches(self, jobs: list[ClientJob]) -> bool:
-        return not self.policy.relays and self.remote.dispatches(jobs)
+        """Whether the remote side can send ``jobs``, turns that do not depend on each other, at once."""
+        return self.remote.dispatches(jobs)
 
     def dispatch(self, jobs: list[ClientJob], on_start: TurnHook, on_end: TurnHook) -> list[Result]:
-        """The round's turns sent at once (none depends on another's parts: nothing is relayed)."""
+        """The round's turns sent at once, the trunk's turn gate running them in job order."""
         return _boundary_counted(self.remote.dispatch(jobs, on_start, on_end))
 
-    def together(self, jobs: list[ClientJob]) -> list[Result]:
-        relayed = self.policy.relayed()
+    def together(self, jobs: list[ClientJob], relayed: NamedTensors | None) -> list[Result]:
         if relayed is not None:
             encoded = self.codec.encode(relayed)
             jobs = [dataclasses.replace(job, params=encoded) for job in jobs]

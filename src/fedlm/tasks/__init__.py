@@ -21,7 +21,7 @@ TASKS: dict[str, type[Task]] = {
 
 
 def get_task(name: str, tokenizer: PreTrainedTokenizerBase | None = None, **options) -> Task:
-    """A fresh task instance; ``options`` go to its constructor (e.g. ``target="mcc"``)."""
+    """A fresh task instance; ``options`` go to its constructor (e.g. ``target="mcc"``, ``precision="bf16"``)."""
     if name not in TASKS:
         raise UserError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return TASKS[name](tokenizer, **options)

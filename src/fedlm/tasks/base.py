@@ -31,12 +31,12 @@ class Task(ABC):
     name: ClassVar[str]
     metric_names: ClassVar[tuple[str, ...]]  # keys that ``evaluate`` returns
     text_column: ClassVar[str] = "text"
-    precision: str = "fp32"  # autocast for evaluation: the run's train.precision (set by fedlm.run.prepare)
     # Evaluate rows in order of length (less padding; about half the cost on sentence data). Only for tasks
     # whose metrics do not depend on row order and whose eval batches draw no randomness.
     sort_eval_by_length: ClassVar[bool] = False
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, *, precision: str = "fp32") -> None:
+        self.precision = precision  # autocast for evaluation: the run's train.precision
         self.tokenizer: PreTrainedTokenizerBase | None = None
         if tokenizer is not None:
             self.bind(tokenizer)
@@ -64,9 +64,11 @@ class Task(ABC):
         """``collate`` for evaluation; differs where training corrupts inputs at a configurable rate."""
         return self.collate(rows, generator)
 
-    @abstractmethod
     def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
-        """Mean loss over the batch's target units, and the number of units."""
+        """Mean loss over the batch's target units, and the number of units (by default ``loss_from_hidden``
+        on the base model's last hidden state)."""
+        batch = to_device(batch, model)
+        return self.loss_from_hidden(model, base_hidden(model, batch), batch)
 
     @abstractmethod
     def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
@@ -132,10 +134,6 @@ class TokenPredictionTask(Task):
 
     def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return self._head(model, base_hidden(model, batch), batch)
-
-    def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
-        batch = to_device(batch, model)
-        return self.loss_from_hidden(model, base_hidden(model, batch), batch)
 
     def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
         logits, targets = self._head(model, hidden, batch)

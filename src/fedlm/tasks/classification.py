@@ -89,10 +89,11 @@ class ClassificationTask(SequenceTask):
     metric_names = ("loss", "accuracy", "macro_f1", "mcc")
     label_dtype = torch.long
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, target: str = "accuracy") -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, target: str = "accuracy", *,
+                 precision: str = "fp32") -> None:
         if target not in ("accuracy", "macro_f1", "mcc"):
             raise UserError(f"classification target metric must be accuracy, macro_f1 or mcc, not {target!r}")
-        super().__init__(tokenizer)
+        super().__init__(tokenizer, precision=precision)
         self.target = target
 
     def _loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -117,10 +118,11 @@ class RegressionTask(SequenceTask):
     metric_names = ("loss", "pearson", "spearman")
     label_dtype = torch.float32
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, target: str = "pearson") -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, target: str = "pearson", *,
+                 precision: str = "fp32") -> None:
         if target not in ("pearson", "spearman"):
             raise UserError(f"regression target metric must be pearson or spearman, not {target!r}")
-        super().__init__(tokenizer)
+        super().__init__(tokenizer, precision=precision)
         self.target = target
 
     def _loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

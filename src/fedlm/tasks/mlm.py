@@ -53,11 +53,12 @@ class MaskedLMTask(TokenPredictionTask):
     name = "mlm"
     default_mask_rate = SELECT_PROB
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, mask_rate: float = SELECT_PROB) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, mask_rate: float = SELECT_PROB, *,
+                 precision: str = "fp32") -> None:
         if not 0.0 < mask_rate < 1.0:
             raise UserError(f"mask_rate {mask_rate} is not a share of tokens: choose a value in (0, 1), e.g. 0.15")
         self.mask_rate = mask_rate
-        super().__init__(tokenizer)
+        super().__init__(tokenizer, precision=precision)
 
     def bind(self, tokenizer: PreTrainedTokenizerBase) -> MaskedLMTask:
         if tokenizer.mask_token_id is None:

@@ -72,11 +72,11 @@ class QATask(Task):
     metric_names = ("loss", "exact_match", "f1")
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, doc_stride: int = 32,
-                 max_answer_length: int = 30) -> None:
+                 max_answer_length: int = 30, *, precision: str = "fp32") -> None:
         if doc_stride < 0 or max_answer_length < 1:
             raise UserError(f"qa needs doc_stride >= 0 and max_answer_length >= 1, got {doc_stride}, "
                             f"{max_answer_length}")
-        super().__init__(tokenizer)
+        super().__init__(tokenizer, precision=precision)
         self.doc_stride = doc_stride
         self.max_answer_length = max_answer_length
 
@@ -125,10 +125,6 @@ class QATask(Task):
         inside = [[span[0] != NO_SPAN[0] for span in row["offsets"]] for row in rows]
         batch["context_mask"] = pad_ids([[int(flag) for flag in flags] for flags in inside], 0)[0].bool()
         return batch
-
-    def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
-        batch = to_device(batch, model)
-        return self.loss_from_hidden(model, base_hidden(model, batch), batch)
 
     def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
         start, end = self._start_end(model, hidden, batch)

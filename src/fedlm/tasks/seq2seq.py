@@ -47,8 +47,10 @@ class Seq2SeqTask(Task):
         encoder_decoder: bool = False,
         num_beams: int = 1,
         max_new_tokens: int = 64,
+        *,
+        precision: str = "fp32",
     ) -> None:
-        super().__init__(tokenizer)
+        super().__init__(tokenizer, precision=precision)
         self.encoder_decoder = encoder_decoder
         self.decoding = Decoding(num_beams=num_beams, max_new_tokens=max_new_tokens)
 

@@ -65,8 +65,8 @@ class TaggingTask(Task):
     metric_names = ("loss", "f1", "precision", "recall", "accuracy")
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None,
-                 label_names: Sequence[str] | None = None) -> None:
-        super().__init__(tokenizer)
+                 label_names: Sequence[str] | None = None, *, precision: str = "fp32") -> None:
+        super().__init__(tokenizer, precision=precision)
         self.label_names = list(label_names) if label_names is not None else None
 
     def preprocess(self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> datasets.Dataset:
@@ -101,10 +101,6 @@ class TaggingTask(Task):
         batch["word_tags"] = pad_ids([row["word_tags"] for row in rows], IGNORE_INDEX)[0]
         batch["label_words"] = pad_ids([row["label_words"] for row in rows], -1)[0]
         return batch
-
-    def loss(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, int]:
-        batch = to_device(batch, model)
-        return self.loss_from_hidden(model, base_hidden(model, batch), batch)
 
     def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
         logits = task_logits(model, hidden, batch["input_ids"])

@@ -101,16 +101,6 @@ def csv_rows(path: Path) -> Rows:
     return rows
 
 
-def read_tsv(path: Path, header: bool) -> Table:
-    """A TSV file's records (see :func:`tsv_rows`)."""
-    return tabulate(path, tsv_rows(path), header)
-
-
-def read_csv(path: Path, header: bool) -> Table:
-    """A CSV file's records (see :func:`csv_rows`)."""
-    return tabulate(path, csv_rows(path), header)
-
-
 def _columns_of(records: list[Record]) -> list[str]:
     """Keys seen across all records, in first-seen order."""
     seen: dict[str, None] = {}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from fedlm.federation.params import NamedTensors
+
+if TYPE_CHECKING:
+    from fedlm.federation.local_training import LocalSettings
 
 
 @dataclass
@@ -20,23 +23,62 @@ class ClientUpdate:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class Strategy(Protocol):
+class Aggregation(Protocol):
+    """One round's aggregate in the making: the engine adds each client's update as its report arrives, then
+    takes the result once the round's clients are in."""
+
+    def add(self, update: ClientUpdate) -> None: ...
+
+    def result(self) -> NamedTensors: ...
+
+
+class Strategy:
     """A server algorithm, as data the engine consults each round (Flower's strategies are the model).
 
-    ``client_config`` is what every sampled client is told besides the parameters (FedProx: its mu);
-    ``aggregate`` turns the round's updates into the next global parameters; ``state_dict`` /
-    ``load_state_dict`` carry server-side state (FedOpt's moments) through checkpoints.
+    ``configure`` is what every sampled client is told besides the parameters (FedProx: its mu); ``aggregate``
+    turns the round's updates into the next global parameters, through ``aggregation``, which the engine feeds
+    one update at a time; ``account`` adds the strategy's ledger to the round's record (differential privacy's
+    epsilon); ``state_dict`` / ``load_state_dict`` carry server-side state (FedOpt's moments) through checkpoints.
     """
 
-    name: str
+    name: str  # the protocol kind it implements (a wrapper takes its inner strategy's)
 
-    def client_config(self) -> dict[str, Any]: ...
+    def configure(self, settings: LocalSettings) -> LocalSettings:
+        """The round's client settings: the run's, as this strategy wants them (unchanged here)."""
+        return settings
 
-    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors: ...
+    def aggregation(self, current: NamedTensors) -> Aggregation:
+        """A round's aggregate from ``current``: here the updates are gathered and ``aggregate`` sees them all."""
+        return Gathered(self, current)
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
+        raise NotImplementedError
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def account(self, round_idx: int, reported: list[ClientUpdate]) -> dict[str, Any]:
+        """The round's ledger entries, told the reporting clients (their counts and metrics, without params)."""
+        del round_idx, reported
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+class Gathered:
+    """An aggregation that keeps the round's updates and hands them to its strategy's ``aggregate`` at the end."""
+
+    def __init__(self, strategy: Strategy, current: NamedTensors) -> None:
+        self.strategy = strategy
+        self.current = current
+        self.updates: list[ClientUpdate] = []
+
+    def add(self, update: ClientUpdate) -> None:
+        self.updates.append(update)
+
+    def result(self) -> NamedTensors:
+        return self.strategy.aggregate(self.current, self.updates)
 
 
 def sample_clients(client_ids: list[int], count: int, seed: int, round_idx: int, attempt: int = 0) -> list[int]:

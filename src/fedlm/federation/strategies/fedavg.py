@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fedlm.federation.params import NamedTensors, weighted_mean
-from fedlm.federation.strategies.base import ClientUpdate
+from fedlm.federation.strategies.base import ClientUpdate, Strategy
 
 
-class FedAvg:
+class FedAvg(Strategy):
     r"""Average the clients' parameters, weighted by their example counts.
 
     Centralized and isolated runs aggregate this way too (one client, or nothing shared).
@@ -30,16 +28,7 @@ class FedAvg:
 
     name = "fedavg"
 
-    def client_config(self) -> dict[str, Any]:
-        return {}
-
     def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
         merged = dict(current)
         merged.update(weighted_mean([(u.params, float(u.num_examples)) for u in updates]))
         return merged
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -11,26 +12,38 @@ from fedlm.federation.params import NamedTensors
 from fedlm.federation.strategies.base import ClientUpdate
 from fedlm.federation.strategies.fedavg import FedAvg
 
+
+@dataclass(frozen=True)
+class ServerHyperParams:
+    """A server optimizer's hyper-parameters (see :class:`FedOpt`); each step reads the ones its rule uses."""
+
+    lr: float
+    momentum: float
+    beta1: float
+    beta2: float
+    tau: float
+
+
 # (x, delta, m, v, hyper-parameters) -> (new x, new m, new v); m and v start as None
-ServerStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, "FedOpt"],
+ServerStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, ServerHyperParams],
                       tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
 def _sgdm(x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor | None, v: torch.Tensor | None,
-          opt: FedOpt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+          hp: ServerHyperParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Heavy-ball SGD on the pseudo-gradient -delta: m = momentum m - delta; x = x - lr m (FedNLP's default)."""
-    m = -delta if m is None else opt.momentum * m - delta
-    return x - opt.lr * m, m, v
+    m = -delta if m is None else hp.momentum * m - delta
+    return x - hp.lr * m, m, v
 
 
 def _adaptive(second_moment: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> ServerStep:
     """FedAdagrad / FedAdam / FedYogi: m = b1 m + (1 - b1) delta; v from its rule; x = x + lr m / (sqrt(v) + tau)."""
 
     def step(x: torch.Tensor, delta: torch.Tensor, m: torch.Tensor | None, v: torch.Tensor | None,
-             opt: FedOpt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        m = opt.beta1 * (torch.zeros_like(x) if m is None else m) + (1 - opt.beta1) * delta
-        v = second_moment(torch.zeros_like(x) if v is None else v, delta * delta, opt.beta2)
-        return x + opt.lr * m / (v.sqrt() + opt.tau), m, v
+             hp: ServerHyperParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        m = hp.beta1 * (torch.zeros_like(x) if m is None else m) + (1 - hp.beta1) * delta
+        v = second_moment(torch.zeros_like(x) if v is None else v, delta * delta, hp.beta2)
+        return x + hp.lr * m / (v.sqrt() + hp.tau), m, v
 
     return step
 
@@ -87,11 +100,7 @@ class FedOpt(FedAvg):
             raise ValueError(f"server optimizer {optimizer!r} is not one of {', '.join(SERVER_OPTIMIZERS)}")
         self.optimizer = optimizer
         self._step = SERVER_OPTIMIZERS[optimizer]
-        self.lr = lr
-        self.momentum = momentum
-        self.beta1 = beta1
-        self.beta2 = beta2
-        self.tau = tau
+        self.hyper = ServerHyperParams(lr=lr, momentum=momentum, beta1=beta1, beta2=beta2, tau=tau)
         self.m: NamedTensors = {}
         self.v: NamedTensors = {}
 
@@ -102,7 +111,7 @@ class FedOpt(FedAvg):
                 else current[name] for name in current}
 
     def _apply(self, name: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        new, m, v = self._step(x, delta, self.m.get(name), self.v.get(name), self)
+        new, m, v = self._step(x, delta, self.m.get(name), self.v.get(name), self.hyper)
         self.m[name] = m
         if v is not None:
             self.v[name] = v

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING
 
 from fedlm.federation.strategies.fedavg import FedAvg
+
+if TYPE_CHECKING:
+    from fedlm.federation.local_training import LocalSettings
 
 
 class FedProx(FedAvg):
     r"""FedAvg whose clients minimise a proximal objective around the round's global parameters.
 
     Aggregation is FedAvg's; only the clients' loss changes, so the strategy is FedAvg plus one client
-    setting, sent to every sampled client through :meth:`client_config`.
+    setting, sent to every sampled client through :meth:`configure`.
 
     Parameters
     ----------
@@ -35,5 +39,5 @@ class FedProx(FedAvg):
     def __init__(self, mu: float) -> None:
         self.mu = mu
 
-    def client_config(self) -> dict[str, Any]:
-        return {"mu": self.mu}
+    def configure(self, settings: LocalSettings) -> LocalSettings:
+        return dataclasses.replace(settings, mu=self.mu)
