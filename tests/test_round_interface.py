@@ -13,7 +13,8 @@ from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundPlan, round_settings
 from fedlm.federation.executor import ClientFailure, ClientReport, Executor
 from fedlm.federation.local_training import LocalSettings
-from fedlm.federation.privacy import PrivacySpec, SampleLevelDP
+from fedlm.federation.params import RunningMean
+from fedlm.federation.privacy import ClippedMean, PrivacySpec, SampleLevelDP
 from fedlm.federation.records import RoundRecord
 from fedlm.federation.strategies import ClientUpdate, FedAvg, FedProx
 
@@ -100,3 +101,18 @@ def test_a_round_record_writes_the_metrics_line_earlier_runs_wrote_and_reads_it_
              "bytes_up": 0, "bytes_down_meta": 0, "bytes_up_meta": 0, "test_accuracy": 0.5, "wall_s": 0.1}
     assert list(RoundRecord(round=0, scores={"test_accuracy": 0.5}, wall_s=0.1).to_dict().items()) == list(
         start.items())
+
+
+def test_running_means_fold_partial_uploads_like_the_hand_computed_averages():
+    running = RunningMean()
+    running.add({"a": torch.tensor([1.0]), "b": torch.tensor([4.0])}, 1.0)
+    running.add({"a": torch.tensor([3.0])}, 3.0)  # froze b this round
+    running.add({"a": torch.tensor([9.0]), "b": torch.tensor([9.0])}, 0.0)  # no examples: adds nothing
+    assert running.mean() == {"a": torch.tensor([2.5]), "b": torch.tensor([4.0])}  # (1 + 9) / 4; b from one client
+    current = {"a": torch.tensor([0.0, 0.0]), "b": torch.tensor([1.0])}
+    clipped = ClippedMean(current, clip=1.0)
+    clipped.add({"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0])})  # |delta| = 5: scaled to 1
+    clipped.add({"a": torch.tensor([0.0, 0.5])})  # within the bound; b unsent counts as unchanged (1.0)
+    mean = clipped.noised_mean(0.0, torch.Generator())
+    torch.testing.assert_close(mean["a"], torch.tensor([(0.6 + 0.0) / 2, (0.8 + 0.5) / 2]))
+    torch.testing.assert_close(mean["b"], torch.tensor([1.0]))

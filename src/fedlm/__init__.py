@@ -4,10 +4,13 @@ The packages are layers; each imports only from the layers below it (``lint-impo
 
     cli          the ``fedlm`` command
     flower       deployment: Flower ServerApp / ClientApp and their messages
-    run          one run from a config: prepare, policy, evaluate, single run, grid, downstream, run directory
-    split        split learning: model parts, client side, trunk (+ batching trunk), modes, executor, transports
-    federation   the core: the one round engine, strategies, codecs, named tensors, sharing, local training,
-                 a client's round, client-state store, in-process executor
+    run          one run from a config: prepare, policy, placement (where clients run), evaluate, progress (the
+                 round observer), single run, checkpoint, grid, downstream, run directory
+    split        split learning: model parts and parts policies, setup (the split section resolved once), client
+                 side, trunk (+ batching trunk), modes (hooks around a turn), executor (owns the turns), transports
+    federation   the core: the one round engine, executors and their observer, typed round records, strategies
+                 (configure, aggregate as reports arrive, account), privacy, codecs, named tensors, sharing,
+                 local training, a client's round, client-state store, in-process executor
     tasks        training objectives (masked / causal LM, classification, regression)
     data, models datasets and partitions; Hugging Face models, presets, tokenizers, cutting a model
     config, metrics, errors   the typed config, scores, and the one-line user error

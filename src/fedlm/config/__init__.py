@@ -3,7 +3,9 @@
 Every mistake is reported as one line naming the key, the value and what is allowed (a ``UserError``), so
 a typo in a 40-line YAML never surfaces as a traceback half an hour into a run. ``sections`` and
 ``partition`` hold the typed sections, ``experiment`` the whole config with reading, validating and dumping,
-``grid`` the expansion of grids, baselines and downstream runs. Validation lives here and nowhere else.
+``grid`` the expansion of grids, baselines and downstream runs; ``protocol_kinds`` says what each
+``protocol.kind`` means (pools data, shares nothing, counts bytes, ...) and ``dp_support`` which families and
+tasks DP-SGD trains. Validation lives here and nowhere else.
 """
 
 from fedlm.config.experiment import (

@@ -41,18 +41,40 @@ def all_finite(tensors: NamedTensors) -> str | None:
     return None
 
 
+class RunningMean:
+    """Per name, sum_i w_i x_i / sum_i w_i over the items holding that name, folded in one item at a time, so memory
+    is one sum per name however many items come. Items may hold different names (clients that froze different
+    blocks); a name whose items all weigh 0 has no mean.
+
+    The sums are float64 and the mean is rounded to fp32 once: with example counts as weights every product and
+    sum is exact, so the mean does not depend on the order items came in, one item's mean is the item, and
+    equally weighted items give the same bits whatever the common weight."""
+
+    def __init__(self) -> None:
+        self.sums: NamedTensors = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, tensors: NamedTensors, weight: float) -> None:
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"a weighted mean takes finite weights >= 0, not {weight}")
+        for name, value in tensors.items():
+            if name not in self.sums:
+                self.sums[name] = torch.zeros_like(value, dtype=torch.float64)
+                self.weights[name] = 0.0
+            self.sums[name].add_(value, alpha=weight)
+            self.weights[name] += weight
+
+    def mean(self) -> NamedTensors:
+        """The fp32 mean of every name added so far (in the order names first came)."""
+        for name, weight in self.weights.items():
+            if weight <= 0:
+                raise ValueError(f"a weighted mean needs positive total weight (tensor {name})")
+        return {name: (total / self.weights[name]).to(torch.float32) for name, total in self.sums.items()}
+
+
 def weighted_mean(items: list[tuple[NamedTensors, float]]) -> NamedTensors:
-    """Per name, sum_i w_i x_i / sum_i w_i over the items holding that name, in fp32, accumulated in place
-    (no per-client temporaries). Items may hold different names (e.g. clients that froze different blocks)."""
-    names = list(dict.fromkeys(name for tensors, _ in items for name in tensors))
-    out: NamedTensors = {}
-    for name in names:
-        holders = [(tensors[name], weight) for tensors, weight in items if name in tensors]
-        total = float(sum(w for _, w in holders))
-        if not math.isfinite(total) or total <= 0:
-            raise ValueError(f"weighted_mean needs positive total weight (tensor {name})")
-        acc = torch.zeros_like(holders[0][0], dtype=torch.float32)
-        for value, weight in holders:
-            acc.add_(value, alpha=weight / total)
-        out[name] = acc
-    return out
+    """:class:`RunningMean` over ``items`` (tensors, weight) at once."""
+    running = RunningMean()
+    for tensors, weight in items:
+        running.add(tensors, weight)
+    return running.mean()

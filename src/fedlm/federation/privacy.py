@@ -20,8 +20,8 @@ import torch
 from fedlm.config import PrivacyConfig
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.opacus import epsilon, require_opacus
-from fedlm.federation.params import NamedTensors, weighted_mean
-from fedlm.federation.strategies.base import ClientUpdate, Strategy
+from fedlm.federation.params import NamedTensors, RunningMean
+from fedlm.federation.strategies.base import Aggregation, ClientUpdate, Strategy
 
 Kind = Literal["none", "client", "sample"]
 
@@ -59,24 +59,49 @@ def noise_seed(seed: int, round_idx: int) -> int:
     return int(np.random.SeedSequence([seed, round_idx, 0x44_50]).generate_state(1)[0])
 
 
-def private_mean(current: NamedTensors, updates: list[ClientUpdate], clip: float, noise_multiplier: float,
-                 generator: torch.Generator) -> NamedTensors:
-    r"""McMahan et al.'s DP-FedAvg aggregate with uniform weights, in parameter space.
+class ClippedMean:
+    r"""McMahan et al.'s DP-FedAvg aggregate with uniform weights, in parameter space, folded one update at a time.
 
     .. math::  \tilde w = w + \frac{1}{|S|}\Big(\sum_{k\in S} \Delta_k \min\big(1, \tfrac{C}{\lVert\Delta_k\rVert}\big)
                + \mathcal N(0, z^2 C^2 I)\Big)
 
     with :math:`\Delta_k` client k's update over the parameters that travel (a tensor a client did not send counts
     as unchanged). Every client weighs the same: weighting by example counts would let one client move the
-    average by more than ``C / |S|``.
+    average by more than ``C / |S|``. Memory is one clipped sum, however many clients report.
     """
-    names = list(dict.fromkeys(name for u in updates for name in u.params))
-    clipped = [clip_update(current, {n: u.params.get(n, current[n]) for n in names}, clip)[0] for u in updates]
-    mean = weighted_mean([(params, 1.0) for params in clipped])
-    if noise_multiplier > 0:
-        std = noise_multiplier * clip / len(updates)
-        mean = {n: v + torch.normal(0.0, std, v.shape, generator=generator) for n, v in mean.items()}
-    return mean
+
+    def __init__(self, current: NamedTensors, clip: float) -> None:
+        self.current = current
+        self.clip = clip
+        self.running = RunningMean()  # the clipped updates, each of weight 1
+        self.count = 0
+
+    def add(self, params: NamedTensors) -> None:
+        self.running.add(clip_update(self.current, params, self.clip)[0], 1.0)  # unsent tensors: no delta, no norm
+        self.count += 1
+
+    def noised_mean(self, noise_multiplier: float, generator: torch.Generator) -> NamedTensors:
+        """The mean over every client that reported, a tensor it did not send counted as its current value, plus
+        the Gaussian noise (std z C / |S|), drawn tensor by tensor in the order the tensors first came."""
+        running, count = self.running, self.count
+        for name, total in running.sums.items():
+            if running.weights[name] < count:
+                total.add_(self.current[name], alpha=count - running.weights[name])
+                running.weights[name] = float(count)
+        mean = running.mean()
+        if noise_multiplier > 0:
+            std = noise_multiplier * self.clip / count
+            mean = {n: v + torch.normal(0.0, std, v.shape, generator=generator) for n, v in mean.items()}
+        return mean
+
+
+def private_mean(current: NamedTensors, updates: list[ClientUpdate], clip: float, noise_multiplier: float,
+                 generator: torch.Generator) -> NamedTensors:
+    """:class:`ClippedMean` of ``updates`` at once."""
+    clipped = ClippedMean(current, clip)
+    for update in updates:
+        clipped.add(update.params)
+    return clipped.noised_mean(noise_multiplier, generator)
 
 
 class Private(Strategy):
@@ -95,8 +120,8 @@ class Private(Strategy):
     def configure(self, settings: LocalSettings) -> LocalSettings:
         return self.inner.configure(settings)
 
-    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
-        return self.inner.aggregate(current, updates)
+    def aggregation(self, current: NamedTensors) -> Aggregation:
+        return self.inner.aggregation(current)
 
     def ledger(self) -> dict[str, Any]:
         spec = self.spec
@@ -133,10 +158,8 @@ class ClientLevelDP(Private):
         self.client_rate = clients_per_round / num_clients
         self.seed = seed
 
-    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
-        generator = torch.Generator().manual_seed(noise_seed(self.seed, self.rounds + 1))
-        noised = private_mean(current, updates, self.spec.clip, self.spec.noise_multiplier, generator)
-        return self.inner.aggregate(current, [ClientUpdate(client_id=-1, num_examples=1, params=noised)])
+    def aggregation(self, current: NamedTensors) -> Privatized:
+        return Privatized(self, current)
 
     def account(self, round_idx: int, reported: list[ClientUpdate]) -> dict[str, Any]:
         """The round's privacy record (joins metrics.jsonl): epsilon at delta so far, and the sampling rate."""
@@ -144,6 +167,24 @@ class ClientLevelDP(Private):
         spec = self.spec
         return {**self.ledger(), "dp_sample_rate": self.client_rate,
                 "dp_epsilon": epsilon(spec.noise_multiplier, self.client_rate, round_idx, spec.delta, spec.accountant)}
+
+
+class Privatized:
+    """Client-level DP's aggregate as reports arrive: each update clipped into a running sum; at the end the
+    noised mean (this round's noise stream) is the one update the inner strategy aggregates."""
+
+    def __init__(self, dp: ClientLevelDP, current: NamedTensors) -> None:
+        self.dp = dp
+        self.current = current
+        self.clipped = ClippedMean(current, dp.spec.clip)
+
+    def add(self, update: ClientUpdate) -> None:
+        self.clipped.add(update.params)
+
+    def result(self) -> NamedTensors:
+        generator = torch.Generator().manual_seed(noise_seed(self.dp.seed, self.dp.rounds + 1))
+        noised = self.clipped.noised_mean(self.dp.spec.noise_multiplier, generator)
+        return self.dp.inner.aggregate(self.current, [ClientUpdate(client_id=-1, num_examples=1, params=noised)])
 
 
 class SampleLevelDP(Private):

@@ -34,6 +34,9 @@ class Task(ABC):
     # Evaluate rows in order of length (less padding; about half the cost on sentence data). Only for tasks
     # whose metrics do not depend on row order and whose eval batches draw no randomness.
     sort_eval_by_length: ClassVar[bool] = False
+    # ``preprocess`` makes one row per example, each from that example alone: a split tokenized once gives every
+    # subset's rows (so a run tokenizes once, not once per client)
+    row_wise: ClassVar[bool] = False
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, *, precision: str = "fp32") -> None:
         self.precision = precision  # autocast for evaluation: the run's train.precision

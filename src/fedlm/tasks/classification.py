@@ -24,6 +24,7 @@ class SequenceTask(Task):
     label_column: ClassVar[str] = "label"
     label_dtype: ClassVar[torch.dtype]
     sort_eval_by_length = True  # metrics pool every example's prediction, whatever the order
+    row_wise = True
 
     def preprocess(self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> datasets.Dataset:
         """Tokenize text (+ pair), truncated to ``max_length``; the label column becomes ``labels``."""

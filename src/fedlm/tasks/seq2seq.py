@@ -40,6 +40,7 @@ class Seq2SeqTask(Task):
     name = "seq2seq"
     metric_names = ("loss", "rouge1", "rouge2", "rougeL")
     target_column: ClassVar[str] = "target"
+    row_wise = True
 
     def __init__(
         self,

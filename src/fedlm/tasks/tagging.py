@@ -63,6 +63,7 @@ class TaggingTask(Task):
 
     name = "tagging"
     metric_names = ("loss", "f1", "precision", "recall", "accuracy")
+    row_wise = True
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None,
                  label_names: Sequence[str] | None = None, *, precision: str = "fp32") -> None:

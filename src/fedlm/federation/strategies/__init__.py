@@ -1,5 +1,6 @@
 """Server strategies, one file each: FedAvg, FedProx (FedAvg + a client setting), FedOpt (FedAvg + a server
-optimizer). The round engine is typed against :class:`~fedlm.federation.strategies.base.Strategy`."""
+optimizer). The round engine is typed against :class:`~fedlm.federation.strategies.base.Strategy`; each of these
+folds the round's updates into a running example-weighted sum as they arrive (``FedAvg``'s ``Averaging``)."""
 
 from __future__ import annotations
 

@@ -35,10 +35,12 @@ class Aggregation(Protocol):
 class Strategy:
     """A server algorithm, as data the engine consults each round (Flower's strategies are the model).
 
-    ``configure`` is what every sampled client is told besides the parameters (FedProx: its mu); ``aggregate``
-    turns the round's updates into the next global parameters, through ``aggregation``, which the engine feeds
-    one update at a time; ``account`` adds the strategy's ledger to the round's record (differential privacy's
-    epsilon); ``state_dict`` / ``load_state_dict`` carry server-side state (FedOpt's moments) through checkpoints.
+    ``configure`` is what every sampled client is told besides the parameters (FedProx: its mu);
+    ``aggregation`` turns the round's updates into the next global parameters, fed one update at a time as the
+    reports arrive (the linear strategies here keep a running sum, so memory does not grow with the clients per
+    round; a rule that needs every update at once keeps them itself); ``aggregate`` is the same for updates at
+    hand; ``account`` adds the strategy's ledger to the round's record (differential privacy's epsilon);
+    ``state_dict`` / ``load_state_dict`` carry server-side state (FedOpt's moments) through checkpoints.
     """
 
     name: str  # the protocol kind it implements (a wrapper takes its inner strategy's)
@@ -48,11 +50,15 @@ class Strategy:
         return settings
 
     def aggregation(self, current: NamedTensors) -> Aggregation:
-        """A round's aggregate from ``current``: here the updates are gathered and ``aggregate`` sees them all."""
-        return Gathered(self, current)
+        """A round's aggregate in the making, starting from the global parameters ``current``."""
+        raise NotImplementedError
 
     def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
-        raise NotImplementedError
+        """The aggregate of ``updates`` at once (each added in order, as the engine adds them)."""
+        aggregation = self.aggregation(current)
+        for update in updates:
+            aggregation.add(update)
+        return aggregation.result()
 
     def account(self, round_idx: int, reported: list[ClientUpdate]) -> dict[str, Any]:
         """The round's ledger entries, told the reporting clients (their counts and metrics, without params)."""
@@ -64,21 +70,6 @@ class Strategy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
-
-
-class Gathered:
-    """An aggregation that keeps the round's updates and hands them to its strategy's ``aggregate`` at the end."""
-
-    def __init__(self, strategy: Strategy, current: NamedTensors) -> None:
-        self.strategy = strategy
-        self.current = current
-        self.updates: list[ClientUpdate] = []
-
-    def add(self, update: ClientUpdate) -> None:
-        self.updates.append(update)
-
-    def result(self) -> NamedTensors:
-        return self.strategy.aggregate(self.current, self.updates)
 
 
 def sample_clients(client_ids: list[int], count: int, seed: int, round_idx: int, attempt: int = 0) -> list[int]:

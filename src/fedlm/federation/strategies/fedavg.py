@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedlm.federation.params import NamedTensors, weighted_mean
+from fedlm.federation.params import NamedTensors, RunningMean
 from fedlm.federation.strategies.base import ClientUpdate, Strategy
 
 
@@ -28,7 +28,25 @@ class FedAvg(Strategy):
 
     name = "fedavg"
 
-    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
-        merged = dict(current)
-        merged.update(weighted_mean([(u.params, float(u.num_examples)) for u in updates]))
-        return merged
+    def aggregation(self, current: NamedTensors) -> Averaging:
+        return Averaging(current)
+
+
+class Averaging:
+    """FedAvg's aggregate as updates arrive: a running example-weighted sum per tensor (one update's worth of
+    memory however many clients report), merged into ``current`` at the end."""
+
+    def __init__(self, current: NamedTensors) -> None:
+        self.current = current
+        self.running = RunningMean()
+
+    def add(self, update: ClientUpdate) -> None:
+        self.running.add(update.params, float(update.num_examples))
+
+    @property
+    def sent(self) -> set[str]:
+        """The names some client sent (a tensor everyone froze keeps its current value)."""
+        return set(self.running.sums)
+
+    def result(self) -> NamedTensors:
+        return {**self.current, **self.running.mean()}

@@ -9,8 +9,7 @@ from typing import Any
 import torch
 
 from fedlm.federation.params import NamedTensors
-from fedlm.federation.strategies.base import ClientUpdate
-from fedlm.federation.strategies.fedavg import FedAvg
+from fedlm.federation.strategies.fedavg import Averaging, FedAvg
 
 
 @dataclass(frozen=True)
@@ -104,13 +103,10 @@ class FedOpt(FedAvg):
         self.m: NamedTensors = {}
         self.v: NamedTensors = {}
 
-    def aggregate(self, current: NamedTensors, updates: list[ClientUpdate]) -> NamedTensors:
-        sent = {name for u in updates for name in u.params}
-        averaged = super().aggregate(current, updates)
-        return {name: self._apply(name, current[name], averaged[name] - current[name]) if name in sent
-                else current[name] for name in current}
+    def aggregation(self, current: NamedTensors) -> Averaging:
+        return ServerStepped(self, current)
 
-    def _apply(self, name: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    def apply_step(self, name: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         new, m, v = self._step(x, delta, self.m.get(name), self.v.get(name), self.hyper)
         self.m[name] = m
         if v is not None:
@@ -123,3 +119,16 @@ class FedOpt(FedAvg):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.m = dict(state.get("m", {}))
         self.v = dict(state.get("v", {}))
+
+
+class ServerStepped(Averaging):
+    """FedAvg's running average, then one server-optimizer step per tensor some client sent."""
+
+    def __init__(self, opt: FedOpt, current: NamedTensors) -> None:
+        super().__init__(current)
+        self.opt = opt
+
+    def result(self) -> NamedTensors:
+        averaged, sent, current = super().result(), self.sent, self.current
+        return {name: self.opt.apply_step(name, current[name], averaged[name] - current[name]) if name in sent
+                else current[name] for name in current}
