@@ -61,7 +61,8 @@ class TrainConfig(Section):
     local_steps: int | None = Field(None, ge=1, description="if set, overrides local_epochs")
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     group_by_length: bool = Field(False, description="batch examples of similar length together (shuffled "
-                                  "groups, as transformers' group_by_length): far less padding on short texts")
+                                  "groups, as transformers' group_by_length): far less padding on short texts; "
+                                  "DP-SGD clients (privacy.kind sample) keep plain shuffles")
     mask_rate: float = Field(0.15, gt=0.0, lt=1.0, description="masked LM: share of tokens a training step "
                              "predicts (evaluation always masks 15%); 0.4 trains small models faster")
     device: str = Field("auto", description="auto (CUDA if present, else MPS, else CPU) | cpu | cuda | cuda:N | mps: "
