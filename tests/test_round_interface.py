@@ -15,7 +15,7 @@ from fedlm.federation.executor import ClientFailure, ClientReport, Executor
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import RunningMean
 from fedlm.federation.privacy import ClippedMean, PrivacySpec, SampleLevelDP
-from fedlm.federation.records import RoundRecord
+from fedlm.federation.records import Boundary, RoundRecord
 from fedlm.federation.strategies import ClientUpdate, FedAvg, FedProx
 
 
@@ -91,12 +91,16 @@ def test_reports_are_folded_into_the_aggregate_as_they_arrive_and_recorded_witho
     assert record.failed == [ClientFailure(1, "exception: gone")] and record.train_loss == pytest.approx(2.0)
 
 
-def test_a_round_record_writes_the_metrics_line_earlier_runs_wrote_and_reads_it_back():
+def test_a_round_record_writes_the_metrics_line_earlier_runs_wrote():
     line = {"round": 3, "train_loss": 0.5, "clients": [0, 2], "failed": [{"client": 1, "reason": "timeout: x"}],
             "train_examples": 40, "bytes_down": 10, "bytes_up": 12, "bytes_down_meta": 1, "bytes_up_meta": 2,
             "bytes_up_boundary": 5, "bytes_down_boundary": 6, "bytes_by_client": {"0": {"up": 1, "down": 2}},
             "train_s": 1.5, "dp_kind": "client", "dp_epsilon": 2.0, "test_accuracy": 0.7, "wall_s": 2.0}
-    assert list(RoundRecord.from_dict(line).to_dict().items()) == list(line.items())  # same keys, same order
+    record = RoundRecord(round=3, train_loss=0.5, clients=[0, 2], failed=[ClientFailure(1, "timeout: x")],
+                         train_examples=40, bytes_down=10, bytes_up=12, bytes_down_meta=1, bytes_up_meta=2,
+                         boundary=Boundary(5, 6, {"0": {"up": 1, "down": 2}}), train_s=1.5,
+                         ledger={"dp_kind": "client", "dp_epsilon": 2.0}, scores={"test_accuracy": 0.7}, wall_s=2.0)
+    assert list(record.to_dict().items()) == list(line.items())  # same keys, same order
     start = {"round": 0, "train_loss": None, "clients": [], "failed": [], "train_examples": 0, "bytes_down": 0,
              "bytes_up": 0, "bytes_down_meta": 0, "bytes_up_meta": 0, "test_accuracy": 0.5, "wall_s": 0.1}
     assert list(RoundRecord(round=0, scores={"test_accuracy": 0.5}, wall_s=0.1).to_dict().items()) == list(

@@ -1,4 +1,4 @@
-"""What a run records of each round: one line of ``metrics.jsonl`` per record, written and read back here.
+"""What a run records of each round: one line of ``metrics.jsonl`` per record.
 
 A line holds the round's training (loss, clients, examples), its bytes each way, its times, what a strategy
 keeps in its ledger (differential privacy's epsilon) and the evaluation's scores. The keys and their order are
@@ -11,10 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedlm.federation.executor import ClientFailure
-
-TRAINING_KEYS = ("round", "train_loss", "clients", "failed", "train_examples", "bytes_down", "bytes_up",
-                 "bytes_down_meta", "bytes_up_meta")
-BOUNDARY_KEYS = ("bytes_up_boundary", "bytes_down_boundary", "bytes_by_client")
 
 
 def failure_entries(failures: list[ClientFailure]) -> list[dict[str, Any]]:
@@ -65,22 +61,6 @@ class RoundRecord:
         out.update(self.scores)
         out["wall_s"] = self.wall_s
         return out
-
-    @classmethod
-    def from_dict(cls, line: dict[str, Any]) -> RoundRecord:
-        """A ``metrics.jsonl`` line read back (ledger entries are the ``dp_`` keys; any other key is a score)."""
-        known = {*TRAINING_KEYS, *BOUNDARY_KEYS, "train_s", "wall_s"}
-        boundary = None
-        if "bytes_up_boundary" in line:
-            boundary = Boundary(line["bytes_up_boundary"], line["bytes_down_boundary"], line["bytes_by_client"])
-        return cls(round=line["round"], train_loss=line.get("train_loss"), clients=list(line.get("clients", [])),
-                   failed=[ClientFailure(f["client"], f["reason"]) for f in line.get("failed", [])],
-                   train_examples=line.get("train_examples", 0), bytes_down=line.get("bytes_down", 0),
-                   bytes_up=line.get("bytes_up", 0), bytes_down_meta=line.get("bytes_down_meta", 0),
-                   bytes_up_meta=line.get("bytes_up_meta", 0), boundary=boundary, train_s=line.get("train_s"),
-                   ledger={k: v for k, v in line.items() if k.startswith("dp_")},
-                   scores={k: v for k, v in line.items() if k not in known and not k.startswith("dp_")},
-                   wall_s=line.get("wall_s", 0.0))
 
 
 @dataclass

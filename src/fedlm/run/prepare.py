@@ -90,14 +90,13 @@ class Prepared:
 
 
 def split_rows(task: Task, ds: datasets.Dataset, part: Partition, tokenizer: PreTrainedTokenizerBase,
-               max_length: int, whole: list[dict] | None = None) -> dict[int, list[dict]]:
-    """Each client's tokenized rows. A task that makes one row per example (``Task.row_wise``) tokenizes the split
-    once (or takes ``whole``, the split already tokenized) and hands each client its examples' rows: a
-    millisecond per client instead of a ``datasets.map`` each. Language modelling packs a client's blocks from
-    its own text and QA cuts windows, so those tokenize each client's share separately."""
-    if task.row_wise:
-        rows = whole if whole is not None else task.preprocess(ds, tokenizer, max_length).to_list()
-        return {cid: [rows[i] for i in part.client_indices(cid)] for cid in range(part.num_clients)}
+               max_length: int, whole: list[dict] | None) -> dict[int, list[dict]]:
+    """Each client's tokenized rows. ``whole`` is the split tokenized once, for a task that makes one row per
+    example (``Task.row_wise``): each client gets its examples' rows, a millisecond per client instead of a
+    ``datasets.map`` each. Without it (language modelling packs a client's blocks from its own text, QA cuts
+    windows) each client's share is tokenized separately."""
+    if whole is not None:
+        return {cid: [whole[i] for i in part.client_indices(cid)] for cid in range(part.num_clients)}
     out = {}
     for cid in range(part.num_clients):
         idx = part.client_indices(cid)
@@ -157,7 +156,7 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     if test_part is None:  # fewer test examples than clients, and no local evaluation: the global test split only
         client_test: dict[int, list[dict]] = {}
     else:
-        whole = test_rows if local_test_source is loaded.splits["test"] else train_rows
+        whole = (test_rows if local_test_source is loaded.splits["test"] else train_rows) if task.row_wise else None
         client_test = split_rows(task, local_test_source, test_part, tokenizer, max_len, whole)
     return Prepared(
         config=config, loaded=loaded, task_name=task_name, task=task, tokenizer=tokenizer, model=model,
