@@ -187,3 +187,28 @@ def test_resume_reads_a_key_added_since_the_checkpoint_as_its_default(tmp_path, 
     raw["train"]["lr_schedule"] = "constant"
     run_single(validate(raw), tiny_csv, run_dir, resume=True)
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]
+
+
+def test_a_run_directory_in_use_stops_a_second_process_in_one_line(tmp_path, tiny_csv):
+    """While one process holds a run (or a grid), a second run, resume or overwrite of it stops at once naming
+    the holder, and leaves the directory as it was; once the holder is gone, the run proceeds."""
+    import os
+
+    from fedlm.run.lock import run_lock
+
+    raw = _raw(tmp_path, tiny_csv)
+    config = validate(raw)
+    run_dir = tmp_path / "runs" / "keep"
+    with run_lock(run_dir):  # another process's run, as far as flock can tell (its own open file)
+        for attempt in (lambda: run_single(config, tiny_csv, run_dir),
+                        lambda: run_single(config, tiny_csv, run_dir, overwrite=True),
+                        lambda: run_config(config, tiny_csv, overwrite=True)):
+            with pytest.raises(UserError, match=f"in use by another fedlm process \\(pid {os.getpid()}\\)"):
+                attempt()
+        assert not (run_dir / "metrics.jsonl").exists()
+    run_single(config, tiny_csv, run_dir)
+    assert [r["round"] for r in read_metrics(run_dir)] == [0, 1]
+
+    grid = validate({**raw, "name": "lockgrid", "grid": {"lr": [{"train.lr": 0.01}, {"train.lr": 0.02}]}})
+    with run_lock(tmp_path / "runs" / "lockgrid"), pytest.raises(UserError, match="in use"):
+        run_config(grid, tiny_csv)

@@ -30,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true",
                      help="replace a run directory of the same name (by default a re-run under an existing "
                           "run's name stops); the old run is deleted once the new one's data and model load")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="spread each round's clients over N local processes (torch.distributed, gloo; one GPU "
+                          "each when there are GPUs); under torchrun leave it out")
+    run.add_argument("--worker-timeout-s", type=float, default=3600.0,
+                     help="how long a worker waits for the others at a round's end before the run stops "
+                          "(default 3600; longer than the slowest worker's share of a round)")
 
     part = sub.add_parser("partition", help="partition a config's data and write per-client statistics and plots")
     part.add_argument("config")
@@ -76,7 +82,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    raw = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(raw)
+    if args.command == "run" and args.workers is not None:  # this process only starts and watches the workers
+        from fedlm.cli.workers import launch, without_workers
+
+        try:
+            return launch(without_workers(raw), args.workers, run_dir_of(args))
+        except UserError as err:
+            print(f"fedlm: {err}", file=sys.stderr)
+            return err.exit_code
     configure_output(args.verbose)
     os.environ.setdefault("HF_HUB_OFFLINE", "0")
     try:
@@ -86,13 +101,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedlm: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print("fedlm: interrupted; resume with `fedlm run --resume RUN_DIR`", file=sys.stderr)
+        print(f"fedlm: interrupted; resume with `fedlm run --resume {run_dir_of(args)}`", file=sys.stderr)
         return 130
     except OSError as err:
         if err.errno not in _FILE_SYSTEM_ERRORS:
             raise
-        print(f"fedlm: {file_system_error(err)}", file=sys.stderr)
+        print(f"fedlm: {file_system_error(err, run_dir_of(args))}", file=sys.stderr)
         return UserError.exit_code
+
+
+def run_dir_of(args: argparse.Namespace) -> str:
+    """The directory `fedlm run` writes (what --resume continues), for the lines that say how to go on;
+    RUN_DIR where it cannot be told (another command, a config that does not load)."""
+    if getattr(args, "command", None) != "run":
+        return "RUN_DIR"
+    if args.resume:
+        return args.resume
+    try:
+        from fedlm.config import load_config
+        from fedlm.run.recorder import slug
+
+        config = load_config(args.config, args.overrides)
+    except (UserError, OSError, TypeError):
+        return "RUN_DIR"
+    return str(Path(args.output_dir or config.output_dir) / slug(config.name))
 
 
 # the file system refused (permissions, a read-only or full disk): the user's to fix, not a bug in fedlm
@@ -100,11 +132,11 @@ _FILE_SYSTEM_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, err
                        errno.EISDIR}
 
 
-def file_system_error(err: OSError) -> str:
+def file_system_error(err: OSError, run_dir: str = "RUN_DIR") -> str:
     """One line for a file-system refusal: the path, the reason, and that a run keeps its last checkpoint."""
     where = f" {err.filename}" if err.filename else ""
     return (f"cannot write or read{where}: {err.strerror or err}; fix the permissions or free space (a run "
-            "stopped here resumes from its last checkpoint with fedlm run --resume RUN_DIR)")
+            f"stopped here resumes from its last checkpoint with fedlm run --resume {run_dir})")
 
 
 def configure_output(verbose: bool) -> None:
@@ -143,26 +175,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         report_runs([Path(p) for p in args.run_dirs], args.rows, args.cols, args.headline)
         return 0
     if args.command == "run":
-        if args.resume:
-            from fedlm.run.grid import resume_run
+        from fedlm.cli.commands import run_command
 
-            if args.overwrite:
-                raise UserError("--resume continues a run and --overwrite replaces it: give one of them")
-
-            resume_run(Path(args.resume), resolve_data_dir(args.data_dir))
-            return 0
-        if not args.config:
-            raise UserError("fedlm run needs a CONFIG file (or --resume RUN_DIR)")
-        config = load_config(args.config, args.overrides)
-        data_dir = resolve_data_dir(args.data_dir)
-        from fedlm.cli.commands import check_writable
-        from fedlm.run.grid import run_config
-
-        check_writable(Path(args.output_dir or config.output_dir), "the output directory (output_dir)")
-
-        out = run_config(config, data_dir, Path(args.output_dir) if args.output_dir else None, args.overwrite)
-        print(f"run directory: {out}")
-        return 0
+        return run_command(args)
     if args.command == "audit":
         from fedlm.audit import InversionSettings, audit_run
 

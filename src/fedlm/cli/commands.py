@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 from fedlm.config import ExperimentConfig, section_label
-from fedlm.errors import UserError
+from fedlm.errors import RunStopped, UserError
 
 
 def partition_report(config: ExperimentConfig, data_dir: Path, out_dir: Path | None = None) -> Path:
@@ -102,3 +103,49 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
         text += "\n" + pivot_table(merge_cells(cells, keys))
     print(text)
     return text
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`fedlm run`: a config (every run of its grid) or ``--resume``; alone, or as one process of a group
+    (``--workers``, ``torchrun``), where rank 0 runs and writes and the others serve its runs."""
+    import torch.distributed as dist
+
+    from fedlm.cli import run_dir_of
+    from fedlm.cli.workers import join
+    from fedlm.config import load_config
+    from fedlm.data.sources import resolve_data_dir
+    from fedlm.run.grid import resume_run, run_config
+    from fedlm.run.placement import Sharded
+    from fedlm.run.single import SIMULATION
+    from fedlm.run.workers import serve_runs
+
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces it: give one of them")
+    if not args.resume and not args.config:
+        raise UserError("fedlm run needs a CONFIG file (or --resume RUN_DIR)")
+    data_dir = resolve_data_dir(args.data_dir)
+    collective = join(args.worker_timeout_s)
+    try:
+        if not collective.leads:
+            serve_runs(collective, data_dir)
+            return 0
+        placement = Sharded(collective) if collective.world > 1 else SIMULATION
+        if args.resume:
+            resume_run(Path(args.resume), data_dir, placement)
+        else:
+            config = load_config(args.config, args.overrides)
+            check_writable(Path(args.output_dir or config.output_dir), "the output directory (output_dir)")
+            out = run_config(config, data_dir, Path(args.output_dir) if args.output_dir else None, args.overwrite,
+                             placement)
+            print(f"run directory: {out}")
+        collective.broadcast(None)  # no more runs: the other processes exit
+        return 0
+    except dist.DistError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunStopped(f"another process of this run stopped or did not answer within --worker-timeout-s "
+                         f"({args.worker_timeout_s:g} s): {reason}; the run keeps its rounds up to its last "
+                         f"checkpoint: continue with `fedlm run --resume {run_dir_of(args)} --workers "
+                         f"{collective.world}`"
+                         ) from None
+    finally:
+        collective.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedlm.federation.codecs import Codec, Encoded
+from fedlm.federation.collective import LOCAL, Collective
 from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport, Executor
 from fedlm.federation.local_training import LocalSettings, local_seed, round_lr
 from fedlm.federation.observer import SILENT, RoundObserver
@@ -97,6 +98,22 @@ class RoundTally:
     def examples(self) -> int:
         return sum(u.num_examples for u in self.reported)
 
+    @classmethod
+    def merged(cls, parts: list[RoundTally], order: list[int]) -> RoundTally:
+        """The tallies of the processes that shared a round, as one: reports in ``order`` (the round's clients)."""
+        rank = {client_id: i for i, client_id in enumerate(order)}
+        merged = cls(reported=sorted((u for part in parts for u in part.reported), key=lambda u: rank[u.client_id]))
+        for part in parts:
+            merged.loss_sum += part.loss_sum
+            merged.bytes_up += part.bytes_up
+            merged.meta_up += part.meta_up
+            merged.boundary_up += part.boundary_up
+            merged.boundary_down += part.boundary_down
+            merged.extra_down += part.extra_down
+            merged.by_client.update(part.by_client)
+        merged.by_client = {str(u.client_id): merged.by_client[str(u.client_id)] for u in merged.reported}
+        return merged
+
 
 @dataclass
 class RoundEngine:
@@ -109,6 +126,7 @@ class RoundEngine:
     hooks: EngineHooks = field(default_factory=EngineHooks)
     observer: RoundObserver = SILENT
     sharing: SharingPolicy | None = None  # who freezes what in a round (FFDAPT's window); None: nothing
+    collective: Collective = LOCAL  # the processes sharing each round's clients (fedlm run --workers)
 
     def run(self, global_params: NamedTensors, start_round: int = 1) -> NamedTensors:
         if start_round == 1:
@@ -171,15 +189,24 @@ class RoundEngine:
         self.executor.begin_round(round_idx, global_params)
         self.observer.clients_started(round_idx, jobs)
         aggregation = self.strategy.aggregation(global_params) if global_params else None
-        tally = RoundTally()
+        tally, failed = RoundTally(), []
         for result in self.executor.run(jobs):
             if isinstance(result, ClientFailure):
-                log.warning("round %d: client %d left out: %s", round_idx, result.client_id, result.reason)
-                failures.append(result)
+                failed.append(result)
                 continue
             tally.add(result)
             if aggregation is not None:
                 aggregation.add(result.update)
+        if self.collective.world > 1:  # each process trained its share: combine them
+            order = [job.client_id for job in jobs]
+            parts = self.collective.all_gather((tally, failed))
+            tally = RoundTally.merged([part[0] for part in parts], order)
+            failed = sorted((f for part in parts for f in part[1]), key=lambda f: order.index(f.client_id))
+            if aggregation is not None:
+                aggregation.merge(self.collective)
+        for failure in failed:
+            log.warning("round %d: client %d left out: %s", round_idx, failure.client_id, failure.reason)
+        failures.extend(failed)
         return aggregation, tally
 
     def _evaluate(self, round_idx: int, global_params: NamedTensors, clients: list[int]) -> dict[str, Any]:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from fedlm.federation.collective import Collective
 
 NamedTensors = dict[str, torch.Tensor]
 
@@ -63,6 +67,20 @@ class RunningMean:
                 self.weights[name] = 0.0
             self.sums[name].add_(value, alpha=weight)
             self.weights[name] += weight
+
+    def merge(self, collective: Collective) -> None:
+        """Add the other processes' sums of the same round (torch.distributed workers), so every process holds
+        the sums over all items. A name some process never saw joins with a zero sum; names keep the order in
+        which the processes, in rank order, first saw them."""
+        seen = collective.all_gather({name: (tuple(total.shape), self.weights[name])
+                                      for name, total in self.sums.items()})
+        names = list(dict.fromkeys(name for part in seen for name in part))
+        for name in names:
+            shape = next(part[name][0] for part in seen if name in part)
+            self.sums.setdefault(name, torch.zeros(shape, dtype=torch.float64))
+        collective.all_sum([self.sums[name] for name in names])
+        self.sums = {name: self.sums[name] for name in names}
+        self.weights = {name: sum(part[name][1] for part in seen if name in part) for name in names}
 
     def mean(self) -> NamedTensors:
         """The fp32 mean of every name added so far (in the order names first came)."""

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fedlm.config import PrivacyConfig
+from fedlm.federation.collective import Collective
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.opacus import epsilon, require_opacus
 from fedlm.federation.params import NamedTensors, RunningMean
@@ -79,6 +80,11 @@ class ClippedMean:
     def add(self, params: NamedTensors) -> None:
         self.running.add(clip_update(self.current, params, self.clip)[0], 1.0)  # unsent tensors: no delta, no norm
         self.count += 1
+
+    def merge(self, collective: Collective) -> None:
+        """The other processes' clipped sums and counts of the same round added to this one's."""
+        self.running.merge(collective)
+        self.count = sum(collective.all_gather(self.count))
 
     def noised_mean(self, noise_multiplier: float, generator: torch.Generator) -> NamedTensors:
         """The mean over every client that reported, a tensor it did not send counted as its current value, plus
@@ -180,6 +186,9 @@ class Privatized:
 
     def add(self, update: ClientUpdate) -> None:
         self.clipped.add(update.params)
+
+    def merge(self, collective: Collective) -> None:
+        self.clipped.merge(collective)
 
     def result(self) -> NamedTensors:
         generator = torch.Generator().manual_seed(noise_seed(self.dp.seed, self.dp.rounds + 1))

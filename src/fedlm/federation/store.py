@@ -48,6 +48,14 @@ class ClientStore:
     def checkpointed(self, round_idx: int) -> None:
         """The checkpoint of ``round_idx`` is on disk: what only older checkpoints needed may go."""
 
+    def portable(self, round_idx: int) -> dict[str, Any]:
+        """Every client's state as the memory store's checkpoint part of ``round_idx`` holds it: what another
+        process of the run (``fedlm run --workers``, maybe on another machine) restores into memory."""
+        return {"kind": ClientStore.kind, "round": round_idx, "states": self._states()}
+
+    def _states(self) -> dict[int, NamedTensors]:
+        return dict(self.states)
+
     def restore(self, saved: dict[str, Any], round_idx: int) -> None:
         """The clients' states of the checkpoint of ``round_idx``; a part that does not fit is refused."""
         self._check(saved, round_idx)
@@ -125,6 +133,9 @@ class DiskClientStore(ClientStore):
 
     def checkpointed(self, round_idx: int) -> None:
         self._prune()
+
+    def _states(self) -> dict[int, NamedTensors]:
+        return {client_id: self.get(client_id) for client_id in sorted(self.versions)}
 
     def restore(self, saved: dict[str, Any], round_idx: int) -> None:
         self._check(saved, round_idx)

@@ -19,6 +19,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from fedlm.config import ExperimentConfig
 from fedlm.errors import UserError
 from fedlm.federation.codecs import Codec
+from fedlm.federation.collective import LOCAL, Collective
 from fedlm.federation.executor import Executor
 from fedlm.flower.executor import DEFAULT_REPLY_GRACE_S, DEFAULT_REPLY_TIMEOUT_S, FlowerExecutor
 from fedlm.flower.nodes import NodeDirectory
@@ -50,6 +51,7 @@ class FlowerPlacement:
     service: TrunkService | None = None
     relay: bool = False
     dispatch: bool = False
+    collective: Collective = LOCAL  # the ServerApp is one process
 
     def executor(self, clients: RunClients) -> Executor:
         if clients.prep.config.split is not None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedlm.federation.collective import LOCAL, Collective
 from fedlm.federation.params import NamedTensors, load_into
 from fedlm.federation.store import ClientStore
 from fedlm.run.label_prior import label_prior_scores, num_labels_of
@@ -21,11 +23,14 @@ class Evaluator:
     When clients keep local parameters (personalized runs), there is no single global model: each client's
     own model (global part + its local part) is scored on the global test split too, as mean and std. Beside
     the local scores of a classification run goes each client's label prior (its majority training label).
-    ``on_batch`` follows each scoring's batches (``Task.evaluate``), for a progress bar."""
+    ``on_batch`` follows each scoring's batches (``Task.evaluate``), for a progress bar. With ``collective``'s
+    processes (``fedlm run --workers``) each scoring is spread over them, batch by batch; every process gets the
+    scores."""
 
     def __init__(self, prep: Prepared, store: ClientStore, personalized: bool,
-                 on_batch: Callable[[int, int], None] | None = None) -> None:
+                 on_batch: Callable[[int, int], None] | None = None, collective: Collective = LOCAL) -> None:
         self.prep = prep
+        self.share = BatchShare(collective) if collective.world > 1 else None
         self.on_batch = on_batch
         self.store = store
         self.personalized = personalized
@@ -47,7 +52,8 @@ class Evaluator:
 
     def _score(self, rows: list[dict]) -> dict[str, float]:
         generator = torch.Generator().manual_seed(self.prep.config.seed)
-        return self.prep.task.evaluate(self.prep.model, rows, self.batch_size, generator, on_batch=self.on_batch)
+        return self.prep.task.evaluate(self.prep.model, rows, self.batch_size, generator, on_batch=self.on_batch,
+                                       share=self.share)
 
     def _client_model(self, global_params: NamedTensors, client_id: int) -> None:
         load_into(self.prep.model, global_params)
@@ -74,6 +80,22 @@ class Evaluator:
             priors = {cid: prior for cid in per_client if (prior := self._prior(cid)) is not None}
             out.update(spread("local_prior", priors))  # beside every local score: what the majority label gets
         return out
+
+
+@dataclass(frozen=True)
+class BatchShare:
+    """An evaluation's batches dealt round-robin over the processes of a run (``Task.evaluate``'s share)."""
+
+    collective: Collective
+
+    def owns(self, index: int) -> bool:
+        return index % self.collective.world == self.collective.rank
+
+    def merge(self, parts: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        merged: dict[int, dict[str, Any]] = {}
+        for theirs in self.collective.all_gather(parts):
+            merged.update(theirs)
+        return merged
 
 
 def spread(prefix: str, per_client: dict[int, dict[str, float]]) -> dict[str, Any]:

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from fedlm.errors import UserError
 from fedlm.federation.codecs import Codec
+from fedlm.federation.collective import LOCAL, Collective
 from fedlm.federation.executor import Executor
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.observer import RoundObserver
+from fedlm.federation.sharded import ShardedExecutor
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.store import ClientStore
@@ -38,7 +41,10 @@ class RunClients:
 
 
 class Placement(Protocol):
-    """Where the clients of a run train; ``executor`` is asked once per run."""
+    """Where the clients of a run train; ``executor`` is asked once per run. ``collective`` is the processes
+    that share each round's clients (this one alone but for :class:`Sharded`)."""
+
+    collective: Collective
 
     def executor(self, clients: RunClients) -> Executor: ...
 
@@ -62,6 +68,7 @@ class Simulation:
     subclass that, say, fails on purpose in a test)."""
 
     executor_class: type[InProcessExecutor] = InProcessExecutor
+    collective: Collective = LOCAL
 
     def executor(self, clients: RunClients) -> Executor:
         prep = clients.prep
@@ -69,3 +76,20 @@ class Simulation:
             return split_executor(clients)
         return self.executor_class(prep.model, prep.task, prep.client_train, clients.codec, clients.store,
                                    clients.policy.local_names, observer=clients.observer)
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """Each round's clients spread over the processes of ``collective`` (``fedlm run --workers``, torchrun);
+    every process runs this placement. Split learning stays in one process."""
+
+    collective: Collective
+
+    def executor(self, clients: RunClients) -> Executor:
+        prep = clients.prep
+        if prep.config.split is not None:
+            raise UserError("split learning runs in one process (its trunk takes the clients' turns in order): "
+                            "run it without --workers")
+        inner = InProcessExecutor(prep.model, prep.task, prep.client_train, clients.codec, clients.store,
+                                  clients.policy.local_names, observer=clients.observer)
+        return ShardedExecutor(inner, self.collective)

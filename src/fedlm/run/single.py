@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +19,20 @@ from fedlm.config import ExperimentConfig, ProtocolConfig
 from fedlm.data.partition_stats import write_partition_report
 from fedlm.errors import RunStopped
 from fedlm.federation.codecs import Codec, get_codec
+from fedlm.federation.collective import Collective
 from fedlm.federation.dp_sgd import refuse_unsupported
 from fedlm.federation.engine import EngineHooks, RoundEngine, RoundFailed, RoundPlan
 from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.params import NamedTensors, load_into, snapshot
 from fedlm.federation.privacy import PrivacySpec, with_privacy
 from fedlm.federation.records import FailedRound, RoundRecord
+from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.store import STATES_DIR, ClientStore, make_client_store
 from fedlm.federation.strategies import Strategy, build_strategy
-from fedlm.run.checkpoint import checkpointer, load_checkpoint
+from fedlm.run.checkpoint import Checkpoint, checkpointer, load_checkpoint
 from fedlm.run.downstream import run_downstream
 from fedlm.run.evaluate import Evaluator
+from fedlm.run.lock import run_lock
 from fedlm.run.placement import Placement, RunClients, Simulation
 from fedlm.run.policy import describe_policy, encoder_is_global, run_policy
 from fedlm.run.prepare import Prepared, num_clients_of, partition_labels, prepare
@@ -47,18 +52,30 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
                overwrite: bool = False, placement: Placement = SIMULATION) -> dict[str, Any]:
     """Run (or resume) one experiment into ``run_dir``; returns its summary row. A new run refuses a directory
     holding a run unless ``overwrite``, and replaces it only once its config, data and model have loaded.
-    ``placement`` says where the clients run (this process by default; Flower's ServerApp passes its own)."""
+    ``placement`` says where the clients run (this process by default; Flower's ServerApp passes its own;
+    ``Sharded`` spreads them over the processes of its collective, of which this one writes the run). The
+    run directory is this process's alone while it runs (``run_lock``)."""
+    with run_lock(run_dir):
+        return _run_locked(config, data_dir, run_dir, resume, overwrite, placement)
+
+
+def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume: bool, overwrite: bool,
+                placement: Placement) -> dict[str, Any]:
+    collective = placement.collective
     if not resume:
         refuse_existing(run_dir, overwrite)
     trackers = open_trackers(config, run_dir, resume)  # a missing tracker package stops the run here
     recorder = RunRecorder(run_dir)
     checkpoint = load_checkpoint(recorder, config) if resume else None  # another config's: refused here
-    start = checkpoint.round + 1 if checkpoint is not None else 1
     n_clients = num_clients_of(config)
     plan = round_plan(config, n_clients)
-    announce(config.name, config.protocol.kind, plan, n_clients, start, run_dir)
-    torch.manual_seed(config.seed)
-    prep = prepare(config, data_dir, cache_dir=Path(config.output_dir) / ".cache")
+    announce(config.name, config.protocol.kind, plan, n_clients,
+             checkpoint.round + 1 if checkpoint is not None else 1, run_dir)
+    if collective.world > plan.clients_per_round:
+        log.warning("%s: %d workers for %d clients per round: %d of them stay idle in every round", config.name,
+                    collective.world, plan.clients_per_round, collective.world - plan.clients_per_round)
+    collective.broadcast(config)  # the run's other processes prepare beside this one
+    prep = prepare_run(config, data_dir)
     policy = run_policy(prep)
     if config.privacy.kind == "sample":  # the task is known only now; refused before the run directory is touched
         refuse_unsupported(config.model.family, prep.task_name)
@@ -66,33 +83,28 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
         if overwrite and not resume:
             clear_run(run_dir)  # only now: config, data and model have loaded
         recorder.start_afresh(config_text(config))
-    initial = snapshot(prep.model, policy.global_names + policy.local_names)
-    store = make_client_store({n: initial[n] for n in policy.local_names}, n_clients, config.sharing.local_store,
-                              run_dir / STATES_DIR)
-    global_params = {n: initial[n] for n in policy.global_names}
-    strategy = run_strategy(prep, plan)
-    codec = run_codec(config.protocol)
+    start = start_run(prep, plan, policy, checkpoint, collective, lambda local: make_client_store(
+        local, n_clients, config.sharing.local_store, run_dir / STATES_DIR))
     if checkpoint is not None:
-        store.restore(checkpoint.clients, checkpoint.round)  # one that does not fit is refused here
         if config.split is not None and config.split.optimizer_state == "carry":
             log.warning("%s: split.optimizer_state carry: checkpoints hold no optimizer state, so the resumed "
                         "rounds start the trunk's and the client parts' optimizers afresh", config.name)
-        global_params = checkpoint.global_params
-        strategy.load_state_dict(checkpoint.strategy)
         recorder.truncate_after(checkpoint.round)
     record_inputs(recorder, prep)
     recorder.write_json("sharing.json", describe_policy(policy, prep.model))
-    progress = RoundProgress(config.name, config.protocol.rounds, start, prep.task.target_metric()[0],
+    progress = RoundProgress(config.name, config.protocol.rounds, start.round, prep.task.target_metric()[0],
                              prep.client_train)
     settings = LocalSettings.from_config(config.train)
-    evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.evaluation_batch)
+    store = start.store
+    evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.evaluation_batch, collective=collective)
     hooks = EngineHooks(evaluate=evaluator, record=recording(recorder, trackers),
-                        checkpoint=checkpointer(recorder, store, strategy, config))
-    executor = placement.executor(RunClients(prep, policy, codec, store, settings, progress))
-    engine = RoundEngine(strategy=strategy, executor=executor, codec=codec, client_ids=list(range(n_clients)),
-                         settings=settings, plan=plan, hooks=hooks, observer=progress, sharing=policy)
+                        checkpoint=checkpointer(recorder, store, start.strategy, config))
+    executor = placement.executor(RunClients(prep, policy, start.codec, store, settings, progress))
+    engine = RoundEngine(strategy=start.strategy, executor=executor, codec=start.codec,
+                         client_ids=list(range(n_clients)), settings=settings, plan=plan, hooks=hooks,
+                         observer=progress, sharing=policy, collective=collective)
     try:
-        final = engine.run(global_params, start_round=start)
+        final = engine.run(start.global_params, start_round=start.round)
     except RoundFailed as failed:
         raise RunStopped(f"{failed}. The run keeps its rounds before this one; fix the cause and continue with "
                          f"`fedlm run --resume {run_dir}`") from None
@@ -103,6 +115,46 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients,
                      head_only=encoder_is_global(policy))
     return summarise(config, data_dir, recorder, prep.task, resume)
+
+
+def prepare_run(config: ExperimentConfig, data_dir: Path) -> Prepared:
+    """The run's data, task and model, from its seed (every process of a run prepares the same)."""
+    torch.manual_seed(config.seed)
+    return prepare(config, data_dir, cache_dir=Path(config.output_dir) / ".cache")
+
+
+@dataclass
+class RunStart:
+    """Where the round loop starts: round ``round`` from these global parameters, strategy and client states."""
+
+    round: int
+    global_params: NamedTensors
+    strategy: Strategy
+    codec: Codec
+    store: ClientStore
+
+
+def start_run(prep: Prepared, plan: RoundPlan, policy: SharingPolicy, checkpoint: Checkpoint | None,
+              collective: Collective, make_store: Callable[[NamedTensors], ClientStore]) -> RunStart:
+    """The starting point: the prepared model, or the checkpoint a resume continues from. With several
+    processes (``fedlm run --workers``) the leading one's model and checkpoint are handed to the others (which
+    pass None), the clients' local states as the memory store holds them, so every process starts alike."""
+    collective.broadcast_tensors(prep.model.state_dict().values())
+    initial = snapshot(prep.model, policy.global_names + policy.local_names)
+    store = make_store({n: initial[n] for n in policy.local_names})
+    strategy = run_strategy(prep, plan)
+    global_params = {n: initial[n] for n in policy.global_names}
+    if checkpoint is not None:
+        store.restore(checkpoint.clients, checkpoint.round)  # one that does not fit is refused here
+    if collective.world > 1:
+        checkpoint = collective.broadcast(None if checkpoint is None else dataclasses.replace(
+            checkpoint, clients=store.portable(checkpoint.round)))
+        if checkpoint is not None and not collective.leads:
+            store.restore(checkpoint.clients, checkpoint.round)
+    if checkpoint is None:
+        return RunStart(1, global_params, strategy, run_codec(prep.config.protocol), store)
+    strategy.load_state_dict(checkpoint.strategy)
+    return RunStart(checkpoint.round + 1, checkpoint.global_params, strategy, run_codec(prep.config.protocol), store)
 
 
 def record_inputs(recorder: RunRecorder, prep: Prepared) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import datasets
 import torch
@@ -92,29 +92,50 @@ class Task(ABC):
 
     def evaluate(
         self, model: PreTrainedModel, dataset: Rows, batch_size: int, generator: torch.Generator,
-        on_batch: Callable[[int, int], None] | None = None,
+        on_batch: Callable[[int, int], None] | None = None, share: EvalShare | None = None,
     ) -> dict[str, float]:
         """Metrics over all of ``dataset`` (already preprocessed); restores the model's train/eval mode.
 
         An empty dataset (a client without test data) gives NaN for every metric rather than an error.
         ``on_batch(done, batches)`` is called after each batch, for a progress bar over long evaluations.
+        With ``share`` several processes score the dataset together: each scores its own batches (every process
+        still collates them all, so random masking draws what one process would) and all get every part.
         """
         if len(dataset) == 0:
             return dict.fromkeys(self.metric_names, math.nan)
         was_training = model.training
         model.eval()
+        batches = math.ceil(len(dataset) / batch_size)
+        parts: dict[int, dict[str, Any]] = {}
         try:
             with torch.no_grad(), autocast(model_device(model), self.precision):
                 rows_in_order = by_length(dataset) if self.sort_eval_by_length else dataset
-                batches = (self.eval_collate(rows, generator) for rows in iter_rows(rows_in_order, batch_size))
-                parts = []
-                for batch in batches:
-                    parts.append(self._eval_batch(model, batch))
-                    if on_batch is not None:
-                        on_batch(len(parts), math.ceil(len(dataset) / batch_size))
+                for index, rows in enumerate(iter_rows(rows_in_order, batch_size)):
+                    batch = self.eval_collate(rows, generator)
+                    if share is None or share.owns(index):
+                        parts[index] = self._eval_part(model, rows, batch)
+                        if on_batch is not None:
+                            on_batch(len(parts), batches)
         finally:
             model.train(was_training)
-        return self._summarize(parts)
+        if share is not None:
+            parts = share.merge(parts)
+        return self._summarize([parts[index] for index in sorted(parts)])
+
+    def _eval_part(self, model: PreTrainedModel, rows: list[dict], batch: Batch) -> dict[str, Any]:
+        """One batch's evaluation results (``_eval_batch``; a task that needs the rows too adds them)."""
+        del rows
+        return self._eval_batch(model, batch)
+
+
+class EvalShare(Protocol):
+    """One process's share of an evaluation several processes run together (``fedlm run --workers``)."""
+
+    def owns(self, index: int) -> bool:
+        """Whether this process scores batch ``index``."""
+
+    def merge(self, parts: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Every process's parts, by batch index, handed to every process."""
 
 
 class TokenPredictionTask(Task):

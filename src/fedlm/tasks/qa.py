@@ -12,7 +12,7 @@ v1.1 exact match and F1 against every gold answer.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import datasets
@@ -22,9 +22,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fedlm import metrics
 from fedlm.errors import UserError
-from fedlm.models.device import autocast, model_device
 from fedlm.models.heads import task_logits
-from fedlm.tasks.base import Batch, Rows, Task, base_hidden, iter_rows, map_batches, pad_ids, pad_inputs, to_device
+from fedlm.tasks.base import Batch, Task, base_hidden, map_batches, pad_ids, pad_inputs, to_device
 
 NO_SPAN = (-1, -1)  # the offsets of a token outside the context
 _EVAL_ONLY = ("context_mask",)
@@ -133,26 +132,10 @@ class QATask(Task):
     def target_metric(self) -> tuple[str, str]:
         return ("f1", "max")
 
-    def evaluate(
-        self, model: PreTrainedModel, dataset: Rows, batch_size: int, generator: torch.Generator,
-        on_batch: Callable[[int, int], None] | None = None,
-    ) -> dict[str, float]:
-        """As ``Task.evaluate``, but each batch's windows keep their rows: a question's answer text comes from
-        its context, and its windows may fall in different batches."""
-        if len(dataset) == 0:
-            return dict.fromkeys(self.metric_names, math.nan)
-        was_training = model.training
-        model.eval()
-        parts = []
-        try:
-            with torch.no_grad(), autocast(model_device(model), self.precision):
-                for rows in iter_rows(dataset, batch_size):
-                    parts.append({**self._eval_batch(model, self.eval_collate(rows, generator)), "rows": rows})
-                    if on_batch is not None:
-                        on_batch(len(parts), math.ceil(len(dataset) / batch_size))
-        finally:
-            model.train(was_training)
-        return self._summarize(parts)
+    def _eval_part(self, model: PreTrainedModel, rows: list[dict], batch: Batch) -> dict[str, Any]:
+        """Each batch's windows keep their rows: a question's answer text comes from its context, and its
+        windows may fall in different batches."""
+        return {**self._eval_batch(model, batch), "rows": rows}
 
     def _start_end(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, ...]:
         logits = task_logits(model, hidden, batch["input_ids"]).float()

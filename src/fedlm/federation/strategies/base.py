@@ -10,6 +10,7 @@ import numpy as np
 from fedlm.federation.params import NamedTensors
 
 if TYPE_CHECKING:
+    from fedlm.federation.collective import Collective
     from fedlm.federation.local_training import LocalSettings
 
 
@@ -25,9 +26,13 @@ class ClientUpdate:
 
 class Aggregation(Protocol):
     """One round's aggregate in the making: the engine adds each client's update as its report arrives, then
-    takes the result once the round's clients are in."""
+    takes the result once the round's clients are in. When several processes share a round's clients
+    (``fedlm run --workers``), each adds its own clients' updates and ``merge`` then combines the processes'
+    partial aggregates (a linear rule sums them; a rule that needs every update would gather them)."""
 
     def add(self, update: ClientUpdate) -> None: ...
+
+    def merge(self, collective: Collective) -> None: ...
 
     def result(self) -> NamedTensors: ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fedlm.federation.collective import Collective
 from fedlm.federation.params import NamedTensors, RunningMean
 from fedlm.federation.strategies.base import ClientUpdate, Strategy
 
@@ -42,6 +43,9 @@ class Averaging:
 
     def add(self, update: ClientUpdate) -> None:
         self.running.add(update.params, float(update.num_examples))
+
+    def merge(self, collective: Collective) -> None:
+        self.running.merge(collective)
 
     @property
     def sent(self) -> set[str]:
