@@ -55,16 +55,21 @@ def run_single(config: ExperimentConfig, data_dir: Path, run_dir: Path, *, resum
     ``placement`` says where the clients run (this process by default; Flower's ServerApp passes its own;
     ``Sharded`` spreads them over the processes of its collective, of which this one writes the run). The
     run directory is this process's alone while it runs (``run_lock``)."""
-    with run_lock(run_dir):
-        return _run_locked(config, data_dir, run_dir, resume, overwrite, placement)
+    if not resume:
+        refuse_existing(run_dir, overwrite)  # before anything is written
+    trackers = open_trackers(config, run_dir, resume)  # a missing tracker package stops the run here
+    try:
+        with run_lock(run_dir):
+            if not resume:
+                refuse_existing(run_dir, overwrite)  # again, now that no other process can write it
+            return _run_locked(config, data_dir, run_dir, resume, overwrite, placement, trackers)
+    finally:
+        trackers.close()
 
 
 def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume: bool, overwrite: bool,
-                placement: Placement) -> dict[str, Any]:
+                placement: Placement, trackers: Trackers) -> dict[str, Any]:
     collective = placement.collective
-    if not resume:
-        refuse_existing(run_dir, overwrite)
-    trackers = open_trackers(config, run_dir, resume)  # a missing tracker package stops the run here
     recorder = RunRecorder(run_dir)
     checkpoint = load_checkpoint(recorder, config) if resume else None  # another config's: refused here
     n_clients = num_clients_of(config)
@@ -111,7 +116,6 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
     finally:
         executor.close()
         progress.close()
-        trackers.close()
     save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients,
                      head_only=encoder_is_global(policy))
     return summarise(config, data_dir, recorder, prep.task, resume)
