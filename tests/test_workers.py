@@ -22,7 +22,8 @@ from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.collective import LOCAL
 from fedlm.federation.executor import ClientJob
-from fedlm.federation.sharded import assign
+from fedlm.federation.local_training import LocalSettings
+from fedlm.federation.sharded import assign, client_cost
 from fedlm.run.grid import run_config
 from fedlm.run.placement import Sharded
 from tests.conftest import tiny_config
@@ -144,13 +145,16 @@ def _worker_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank} under {launcher}")
 
 
-def test_jobs_are_balanced_by_examples_and_bad_worker_counts_are_refused(tmp_path, tiny_csv, capsys):
-    jobs = [ClientJob(cid, 1, None, None, 0) for cid in range(5)]  # type: ignore[arg-type]
-    examples = {0: 50, 1: 10, 2: 40, 3: 30, 4: 20}
-    owner = assign(jobs, examples, 2)
-    loads = [sum(examples[j.client_id] for j, r in zip(jobs, owner, strict=True) if r == rank) for rank in (0, 1)]
-    assert owner == [0, 0, 1, 1, 0] and loads == [80, 70]  # 50 | 40; 30 to the lighter; 20 to it; a tie: rank 0
-    assert assign(jobs, examples, 9) == [0, 4, 1, 2, 3]  # more workers than clients: some stay idle
+def test_jobs_are_balanced_by_cost_and_bad_worker_counts_are_refused(tmp_path, tiny_csv, capsys):
+    settings = LocalSettings(lr=0.1, batch_size=8)
+    jobs = [ClientJob(cid, 1, None, settings, 0) for cid in range(5)]  # type: ignore[arg-type]
+    examples = {0: 40, 1: 1, 2: 24, 3: 17, 4: 8}
+    costs = {cid: client_cost(n, settings) for cid, n in examples.items()}
+    assert costs == {0: 6, 1: 2, 2: 4, 3: 4, 4: 2}  # batches of 8, plus one for the fixed cost
+    owner = assign(jobs, costs, 2)
+    loads = [sum(costs[j.client_id] for j, r in zip(jobs, owner, strict=True) if r == rank) for rank in (0, 1)]
+    assert owner == [0, 0, 1, 1, 0] and loads == [10, 8]  # 6 | 4; 4 to the lighter; 2 to rank 0; a tie: rank 0
+    assert assign(jobs, costs, 9) == [0, 3, 1, 2, 4]  # more workers than clients: some stay idle
 
     assert main(["run", "x.yaml", "--workers", "0"]) == 2
     assert capsys.readouterr().err.strip() == "fedlm: --workers 0: give 1 or more worker processes"

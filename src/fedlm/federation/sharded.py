@@ -9,24 +9,33 @@ engine then combines the processes' tallies and partial aggregates (``RoundEngin
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Mapping
 
 from fedlm.federation.collective import Collective
 from fedlm.federation.executor import ClientJob, ClientReport, Executor, Result
+from fedlm.federation.local_training import LocalSettings
 from fedlm.federation.simulation import InProcessExecutor
 
 
-def assign(jobs: list[ClientJob], examples: Mapping[int, int], world: int) -> list[int]:
-    """Each job's process: the largest clients first, each to the process with the fewest examples so far
-    (ties to the lowest rank): a pure function of the round, so every process computes the same split."""
-    order = sorted(range(len(jobs)), key=lambda i: (-examples.get(jobs[i].client_id, 0), i))
+def assign(jobs: list[ClientJob], costs: Mapping[int, int], world: int) -> list[int]:
+    """Each job's process: the costliest clients first, each to the process with the least work so far (ties to
+    the lowest rank): a pure function of the round, so every process computes the same split."""
+    order = sorted(range(len(jobs)), key=lambda i: (-costs.get(jobs[i].client_id, 1), i))
     loads = [(0, rank) for rank in range(world)]
     owner = [0] * len(jobs)
     for i in order:
         load, rank = heapq.heappop(loads)
         owner[i] = rank
-        heapq.heappush(loads, (load + max(1, examples.get(jobs[i].client_id, 0)), rank))
+        heapq.heappush(loads, (load + costs.get(jobs[i].client_id, 1), rank))
     return owner
+
+
+def client_cost(examples: int, settings: LocalSettings) -> int:
+    """A client's work in a round, in batches: its local steps, plus one for what every client costs besides
+    (loading the model, a fresh optimizer, the update's checks and encoding), which rules when clients are tiny."""
+    steps = settings.local_steps or settings.local_epochs * math.ceil(max(examples, 1) / settings.batch_size)
+    return steps + 1
 
 
 class ShardedExecutor(Executor):
@@ -39,7 +48,8 @@ class ShardedExecutor(Executor):
         self.keeps_states = bool(inner.store.initial)  # clients keep local parameters between rounds
 
     def run(self, jobs: list[ClientJob]) -> Iterator[Result]:
-        owner = assign(jobs, self.examples, self.collective.world)
+        costs = {job.client_id: client_cost(self.examples.get(job.client_id, 0), job.settings) for job in jobs}
+        owner = assign(jobs, costs, self.collective.world)
         mine = [job for job, rank in zip(jobs, owner, strict=True) if rank == self.collective.rank]
         kept = {}
         for result in self.inner.run(mine):
