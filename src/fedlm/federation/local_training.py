@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -69,10 +70,46 @@ def round_lr(lr: float, schedule: str, round_idx: int, rounds: int) -> float:
 
 
 def make_optimizer(params: list[torch.nn.Parameter], settings: LocalSettings) -> torch.optim.Optimizer:
+    """A fresh optimizer over ``params``. ``foreach=True`` (torch's default only on GPUs): on the CPU it runs the
+    very same per-tensor arithmetic as the default, so the step is bitwise the same, with less Python per tensor
+    and fewer fresh temporaries (MiniLM's AdamW step ~25% faster, a centralized epoch ~7%)."""
     if settings.optimizer == "sgd":
         return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
-                               weight_decay=settings.weight_decay)
-    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+                               weight_decay=settings.weight_decay, foreach=True)
+    return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay, foreach=True)
+
+
+_KEPT: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.optim.Optimizer]] = weakref.WeakKeyDictionary()
+
+
+def renewed_optimizer(model: torch.nn.Module, params: list[torch.nn.Parameter],
+                      settings: LocalSettings) -> torch.optim.Optimizer:
+    """``make_optimizer(params, settings)`` for training that keeps its optimizer to itself (the next call takes it
+    back): the AdamW of ``model``'s last call, if it holds the same parameters and settings, returns with its state
+    zeroed in place, the state a new one starts from. A new AdamW allocates two model-sized buffers at its first
+    step, and buffers past glibc's mmap threshold page-fault afresh each time (MiniLM: ~140 ms a client, against
+    ~20 ms to zero them)."""
+    key = (settings.optimizer, settings.lr, settings.weight_decay, tuple(map(id, params)))
+    kept = _KEPT.get(model)
+    if kept is not None and kept[0] == key:
+        for state in kept[1].state.values():
+            for value in state.values():
+                value.zero_()
+        return kept[1]
+    optimizer = make_optimizer(params, settings)
+    if settings.optimizer == "adamw":  # SGD's momentum buffer starts as a copy of the first gradient, not zeros
+        _KEPT[model] = (key, optimizer)
+    return optimizer
+
+
+def seed_dropout(seed: int, device: torch.device) -> None:
+    """Seed the generator dropout draws from on ``device``. A CPU model draws only from the CPU's generator;
+    ``torch.manual_seed`` seeds every backend's too and, while CUDA is not initialized, formats a stack trace to
+    queue that seed (0.3 ms and more a client, a share of a tiny model's step worth saving)."""
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 def batch_order(num_rows: int, settings: LocalSettings, generator: torch.Generator,
@@ -179,14 +216,20 @@ class LocalLoop:
     def __init__(self, model: torch.nn.Module, task: Task, rows: Sequence[dict], settings: LocalSettings, seed: int,
                  *, params: Iterable[torch.nn.Parameter] | None = None,
                  optimizer: torch.optim.Optimizer | None = None, deadline: float | None = None,
-                 on_step: Callable[[], None] | None = None, grouped: bool = True) -> None:
+                 on_step: Callable[[], None] | None = None, grouped: bool = True, renew: bool = False) -> None:
         """``params``: the parameters to train (default the model's); ``optimizer``: one carried from an earlier
-        turn (default a fresh one over them); ``grouped=False`` keeps plain shuffles under ``group_by_length``."""
+        turn (default a fresh one over them); ``grouped=False`` keeps plain shuffles under ``group_by_length``;
+        ``renew``: the fresh optimizer never leaves the caller, so it may be the model's last one renewed."""
         self.generator = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)  # dropout
-        model.train()
+        self.device = model_device(model)
+        seed_dropout(seed, self.device)
+        if not all(m.training for m in model.modules()):  # cheaper than train()'s call into every module, and
+            model.train()  # from the second client on the model is training already
         self.trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
-        self.optimizer = make_optimizer(self.trainable, settings) if optimizer is None else optimizer
+        if optimizer is None:
+            optimizer = (renewed_optimizer(model, self.trainable, settings) if renew
+                         else make_optimizer(self.trainable, settings))
+        self.optimizer = optimizer
         self.task, self.rows, self.settings, self.deadline, self.on_step = task, rows, settings, deadline, on_step
         self.lengths = row_lengths(rows) if settings.group_by_length and grouped else None
         self.tally = LossTally()
@@ -212,8 +255,8 @@ def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], sett
     """Train ``model`` in place on ``rows`` (pre-tokenized examples); return train loss and counts."""
     if settings.dp_noise_multiplier is not None:
         return train_privately(model, task, rows, settings, seed=seed, deadline=deadline, on_step=on_step)
-    loop = LocalLoop(model, task, rows, settings, seed, deadline=deadline, on_step=on_step)
-    device = model_device(model)
+    loop = LocalLoop(model, task, rows, settings, seed, deadline=deadline, on_step=on_step, renew=True)
+    device = loop.device
     scaler = grad_scaler(device, settings.precision)
     anchor = {n: a.to(device) for n, a in anchor.items()} if settings.mu > 0 and anchor is not None else None
     for batch in loop:
@@ -224,6 +267,7 @@ def train_locally(model: torch.nn.Module, task: Task, rows: Sequence[dict], sett
         (objective if scaler is None else scaler.scale(objective)).backward()
         clip_and_step(loop.optimizer, loop.trainable, settings.max_grad_norm, scaler)
         loop.done(loss, count)
+    loop.optimizer.zero_grad(set_to_none=True)  # the renewed optimizer's state stays; the last gradients need not
     return loop.metrics()
 
 
