@@ -179,3 +179,22 @@ def test_a_record_torn_by_a_crash_while_appended_is_dropped_on_resume(tmp_path, 
     assert _metrics(tmp_path / "cut") == _metrics(tmp_path / "whole")
     got, expected = _weights(tmp_path / "cut"), _weights(tmp_path / "whole")
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_a_checkpoint_write_the_disk_refuses_leaves_the_old_one_and_no_temporary_file(tmp_path, monkeypatch):
+    import errno
+
+    from fedlm.federation.durable import save_atomic
+
+    path = tmp_path / "state.pt"
+    save_atomic({"round": 1}, path)
+
+    def full(obj, f, *args, **kwargs):
+        f.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match="No space left"):
+        save_atomic({"round": 2}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+    assert torch.load(path, weights_only=False) == {"round": 1}

@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from fedlm.config import validate
 from fedlm.errors import RunStopped
-from fedlm.federation.executor import ClientFailure
+from fedlm.federation.executor import ClientFailure, ClientReport
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.run.placement import Simulation
 from fedlm.run.recorder import read_metrics
@@ -84,3 +85,86 @@ def test_resuming_a_run_that_carries_optimizer_state_says_the_state_restarts(tmp
     lines = [r.getMessage() for r in caplog.records if "optimizer_state carry" in r.getMessage()]
     assert len(lines) == 1 and "afresh" in lines[0]
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]
+
+
+def _scaling(client_id: int, factor: float, rounds: tuple[int, ...] = (1,)) -> type[InProcessExecutor]:
+    """A simulator in which ``client_id`` reports its parameters times ``factor`` in ``rounds`` (an attack)."""
+
+    class Scaling(InProcessExecutor):
+        def run(self, jobs):
+            for result in super().run(jobs):
+                if isinstance(result, ClientReport) and result.update.client_id == client_id \
+                        and jobs[0].round_idx in rounds:
+                    result.update.params = {n: t * factor for n, t in result.update.params.items()}
+                yield result
+
+    return Scaling
+
+
+def _failing(client_id: int, round_idx: int) -> type[InProcessExecutor]:
+    class Failing(InProcessExecutor):
+        def run(self, jobs):
+            for result in super().run(jobs):
+                if isinstance(result, ClientReport) and result.update.client_id == client_id \
+                        and jobs[0].round_idx == round_idx:
+                    result = ClientFailure(client_id, "exception: left out")
+                yield result
+
+    return Failing
+
+
+def test_a_client_that_scales_its_parameters_is_refused_by_name_and_the_run_goes_on(tmp_path, tiny_csv, one_thread):
+    config = validate(tiny_config(tmp_path, tiny_csv, rounds=3, max_retries=0))
+    attacked, clean = tmp_path / "attacked", tmp_path / "clean"
+    run_single(config, tiny_csv, attacked, placement=Simulation(_scaling(2, 1e6)))
+    records = read_metrics(attacked)
+    assert [r["round"] for r in records] == [0, 1, 2, 3] and not any(r.get("round_failed") for r in records)
+    (refused,) = records[1]["failed"]
+    assert refused["client"] == 2 and refused["reason"].startswith("update refused: its tensor ")
+    assert "e+06x the global model's scale (protocol.max_update_growth: 1000)" in refused["reason"]
+    assert 2 not in records[1]["clients"] and records[2]["failed"] == []
+    # what the round committed is what it would have been had client 2 simply dropped out
+    run_single(config, tiny_csv, clean, placement=Simulation(_failing(2, 1)))
+    assert [r["test_accuracy"] for r in read_metrics(clean)] == [r["test_accuracy"] for r in records]
+    resumed = torch.load(attacked / "checkpoint" / "state.pt", weights_only=False)["global"]
+    assert all(torch.equal(resumed[n], t) for n, t in
+               torch.load(clean / "checkpoint" / "state.pt", weights_only=False)["global"].items())
+
+
+def test_with_the_screen_off_the_failed_round_names_the_client_whose_update_poisoned_it(tmp_path, tiny_csv,
+                                                                                      one_thread):
+    raw = tiny_config(tmp_path, tiny_csv, rounds=3, max_retries=1, max_update_growth=None)
+    raw["partition"]["num_clients"] = 2
+    config = validate(raw)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunStopped, match="round 2: fewer than 1 clients reported") as stopped:
+        run_single(config, tiny_csv, run_dir, placement=Simulation(_scaling(1, 1e12)))
+    assert "whose largest update was client 1's" in str(stopped.value)
+    failed = read_metrics(run_dir)[-1]
+    assert failed["round_failed"] and all(f["reason"].startswith("non-finite update") for f in failed["failed"])
+    assert failed["suspect"]["round"] == 1 and failed["suspect"]["client"] == 1
+    assert failed["suspect"]["growth"] > 1e10
+
+
+def test_an_error_no_retry_can_fix_stops_the_run_at_once_in_one_line(tmp_path, tiny_csv, one_thread):
+    """Every client raising the same TypeError is the code's or the model's failure, not theirs: no retries."""
+    from fedlm.federation.client_round import client_failure
+
+    config = validate(tiny_config(tmp_path, tiny_csv, rounds=2, max_retries=2))
+    tries = []
+
+    class Unsupported(InProcessExecutor):
+        def run(self, jobs):
+            tries.append(jobs[0].round_idx)
+            if jobs[0].round_idx == 2:
+                missing = TypeError("DecoderLayer.forward() missing 1 required positional argument: 'alibi'")
+                return [client_failure(job.client_id, missing) for job in jobs]
+            return super().run(jobs)
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunStopped, match="round 2: every client failed with an error no retry can fix") as stopped:
+        run_single(config, tiny_csv, run_dir, placement=Simulation(Unsupported))
+    assert "TypeError: DecoderLayer.forward() missing" in str(stopped.value) and "--resume" not in str(stopped.value)
+    assert tries == [1, 2]  # round 2 tried once, not three times
+    failed = read_metrics(run_dir)[-1]
+    assert failed["round_failed"] and failed["attempts"] == 1 and len(failed["failed"]) == 4

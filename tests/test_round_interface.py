@@ -113,6 +113,13 @@ def test_running_means_fold_partial_uploads_like_the_hand_computed_averages():
     running.add({"a": torch.tensor([3.0])}, 3.0)  # froze b this round
     running.add({"a": torch.tensor([9.0]), "b": torch.tensor([9.0])}, 0.0)  # no examples: adds nothing
     assert running.mean() == {"a": torch.tensor([2.5]), "b": torch.tensor([4.0])}  # (1 + 9) / 4; b from one client
+    # tensors longer than one conversion chunk (one transposed) sum to the very bits a float64 sum gives
+    values = [torch.randn(3, RunningMean.CHUNK + 5, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    chunked = RunningMean()
+    for i, value in enumerate(values):
+        chunked.add({"w": value, "t": value.t()}, float(i + 7))
+    exact = sum(v.double() * (i + 7) for i, v in enumerate(values)) / sum(i + 7 for i in range(3))
+    assert torch.equal(chunked.mean()["w"], exact.float()) and torch.equal(chunked.mean()["t"], exact.float().t())
     current = {"a": torch.tensor([0.0, 0.0]), "b": torch.tensor([1.0])}
     clipped = ClippedMean(current, clip=1.0)
     clipped.add({"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0])})  # |delta| = 5: scaled to 1

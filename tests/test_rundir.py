@@ -212,3 +212,27 @@ def test_a_run_directory_in_use_stops_a_second_process_in_one_line(tmp_path, tin
     grid = validate({**raw, "name": "lockgrid", "grid": {"lr": [{"train.lr": 0.01}, {"train.lr": 0.02}]}})
     with run_lock(tmp_path / "runs" / "lockgrid"), pytest.raises(UserError, match="in use"):
         run_config(grid, tiny_csv)
+
+
+def test_sigterm_stops_a_run_in_one_line_and_it_resumes(tmp_path, tiny_csv, one_thread):
+    """A scheduler's stop (SIGTERM) is told as Ctrl-C is: one line naming the run to resume, what it computed kept."""
+    import signal
+    import time
+
+    raw = _raw(tmp_path, tiny_csv, rounds=500)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "runs" / "keep"
+    proc = subprocess.Popen([sys.executable, "-m", "fedlm.cli", "run", "c.yaml"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(read_metrics(run_dir)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=120)[1]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("fedlm: ")]
+    assert proc.returncode == 143 and "Traceback" not in stderr, stderr
+    assert lines == [f"fedlm: stopped by SIGTERM; resume with `fedlm run --resume {run_dir}`"]
+    done = read_metrics(run_dir)[-1]["round"]
+    assert not list(run_dir.rglob("*.tmp"))
+    run_single(validate({**raw, "protocol": {**raw["protocol"], "rounds": done + 1}}), tiny_csv, run_dir, resume=True)
+    assert [r["round"] for r in read_metrics(run_dir)] == list(range(done + 2))

@@ -1,10 +1,12 @@
 """No valid client can stall the trunk: each message is bounded (sequence length, batch x sequence, bytes),
 and messages are served round-robin across clients, so a small client waits for at most one message of a
-client that floods the trunk."""
+client that floods the trunk. No client can lock others out of it either: sessions are capped per client,
+and only accepted work keeps a session open."""
 
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 
@@ -17,6 +19,7 @@ from fedlm.federation.local_training import LocalSettings
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Activations, Cut, SplitModel
 from fedlm.split.certs import throwaway_certificates
+from fedlm.split.envelope import CLIENT_ID_KEY, SESSION_METHOD, TOKEN_KEY, pack_envelope, unpack_envelope
 from fedlm.split.fair import RoundRobin
 from fedlm.split.grpc_client import GrpcTransport
 from fedlm.split.grpc_server import serve_trunk
@@ -150,7 +153,8 @@ def test_two_clients_over_grpc_the_small_one_waits_for_at_most_one_large_message
     backend = _backend(model, TrunkLimits(max_seq_len=64, max_tokens=16 * 64, max_position=64))
     computed: list[int] = []  # batch sizes in the order the trunk ran them: 16 is alice, 1 is bob
     backend.trunk.register_forward_pre_hook(lambda module, args: computed.append(args[0].hidden.shape[0]))
-    server = serve_trunk(backend, "localhost:0", tokens=TOKENS, tls=(certs["server_cert"], certs["server_key"]))
+    server = serve_trunk(backend, "localhost:0", tokens=TOKENS, tls=(certs["server_cert"], certs["server_key"]),
+                         max_sessions_per_client=4)
     address = f"localhost:{server.port}"
     sessions = [GrpcTransport(address, "alice", TOKENS["alice"], root_cert_pem=certs["ca"], timeout_s=60)
                 for _ in range(4)]
@@ -185,3 +189,74 @@ def test_grpc_refuses_a_message_past_the_byte_cap_it_was_given(model, certs):
         alice.close()
     finally:
         server.stop(grace=1.0)
+
+
+# ---- sessions: no lockout -------------------------------------------------------------------------------------
+
+
+def test_a_client_at_its_session_cap_cannot_open_another_but_other_clients_can(model, certs, caplog):
+    caplog.set_level(logging.INFO, logger="fedlm")
+    backend = _backend(model, TrunkLimits())
+    server = serve_trunk(backend, "localhost:0", tokens=TOKENS, tls=(certs["server_cert"], certs["server_key"]),
+                         max_sessions=16, max_sessions_per_client=2)
+    address = f"localhost:{server.port}"
+
+    def session(client_id: str) -> GrpcTransport:
+        return GrpcTransport(address, client_id, TOKENS[client_id], root_cert_pem=certs["ca"], timeout_s=20)
+
+    held = [session("alice"), session("alice")]
+    try:
+        for step, transport in enumerate(held):  # both sessions are open: each had a forward answered
+            assert transport.forward(step, _acts(1, 4)).hidden.shape == (1, 4, HIDDEN)
+        third = session("alice")
+        with pytest.raises(TransportError, match="RESOURCE_EXHAUSTED: client alice already has 2 trunk sessions "
+                                                 "open") as refused:
+            third.forward(5, _acts(1, 4))
+        assert "\n" not in str(refused.value)
+        third.close()
+        assert "refused a session of client alice" in caplog.text
+        bob = session("bob")
+        assert bob.forward(0, _acts(1, 4)).hidden.shape == (1, 4, HIDDEN)
+        bob.close()
+        held.pop().close()  # a closed session gives its slot back: alice can reconnect
+        again = session("alice")
+        assert again.forward(7, _acts(1, 4)).hidden.shape == (1, 4, HIDDEN)
+        held.append(again)
+    finally:
+        for transport in held:
+            transport.close()
+        server.stop(grace=1.0)
+
+
+def test_a_session_sending_only_refused_messages_is_closed_when_idle(model, certs, caplog):
+    """Junk every 0.1 s does not keep a session open: it is closed ``stream_timeout_s`` after it opened, as if
+    it had sent nothing."""
+    caplog.set_level(logging.INFO, logger="fedlm")
+    backend = _backend(model, TrunkLimits())
+    server = serve_trunk(backend, "localhost:0", tokens=TOKENS, tls=(certs["server_cert"], certs["server_key"]),
+                         stream_timeout_s=0.5)
+    done = threading.Event()
+
+    def junk():
+        for step in range(60):  # 6 s at most, 12 timeouts
+            if done.is_set():
+                return
+            yield pack_envelope("backward", step, "alice", b"junk")
+            time.sleep(0.1)
+
+    answers, started = [], time.monotonic()
+    try:
+        with grpc.secure_channel(f"localhost:{server.port}", grpc.ssl_channel_credentials(certs["ca"])) as channel:
+            stream = channel.stream_stream(SESSION_METHOD)(junk(), metadata=((CLIENT_ID_KEY, "alice"),
+                                                                             (TOKEN_KEY, TOKENS["alice"])), timeout=30)
+            with pytest.raises(grpc.RpcError) as closed:
+                for answer in stream:
+                    answers.append(unpack_envelope(answer)[0])
+            elapsed = time.monotonic() - started
+    finally:
+        done.set()
+        server.stop(grace=None)
+    assert closed.value.code() == grpc.StatusCode.CANCELLED
+    assert answers and all(a["kind"] == "error" for a in answers)
+    assert elapsed < 2.5, f"closed after {elapsed:.1f}s, not about 0.5s"
+    assert "session of client alice idle for 0.5s, closed (no accepted message in that time)" in caplog.text

@@ -155,7 +155,11 @@ def _client(server, client_id: str, certs, token: str | None = None, **kwargs) -
 
 def _raw(header: list, data: bytes = b"") -> bytes:
     """A hand-made payload: length prefix, JSON header, data."""
-    text = json.dumps(header).encode()
+    return _raw_text(json.dumps(header), data)
+
+
+def _raw_text(header: str, data: bytes = b"") -> bytes:
+    text = header.encode()
     return struct.pack("<I", len(text)) + text + data
 
 
@@ -190,6 +194,13 @@ def test_wire_round_trips_every_dtype_with_exact_sizes():
         (_raw([["x", "int32", [1]]], b"\x00" * 4), "dtype 'int32'"),
         (_raw([["x", "float32", [-1]]]), "sizes >= 0"),
         (_raw([["x", "float32", [1.5]]], b"\x00" * 4), "sizes >= 0"),
+        # no data, but each size is checked on its own: torch could not build these
+        (_raw([["x", "float32", [0, 10**20, 64]]]), "has shape [0, 100000000000000000000, 64]"),
+        (_raw([["x", "float32", [0, 1e20, 64]]]), "has shape [0, 1e.20, 64]"),
+        (_raw([["x", "float32", [0, 2**31, 1]]]), "has shape [0, 2147483648, 1]"),
+        (_raw([["x", "float32", [0, 2**16, 2**16]]]), "multiplying to at most 2147483647"),
+        (_raw([["x", "float32", [True]]], b"\x00" * 4), "has shape [True]"),
+        (_raw_text('[["x","float32",[' + "9" * 5000 + "]]]"), "integer of 5000 digits"),  # past int()'s limit
         (_raw([["x", "int64", [0]], ["x", "int64", [0]]]), "appears twice"),
         (_raw([["x"]]), "is not [name, dtype, shape]"),
         (_raw([["b", "bool", [1]]], b"\x07"), "bytes other than 0 and 1"),
@@ -198,6 +209,10 @@ def test_wire_round_trips_every_dtype_with_exact_sizes():
 def test_wire_refuses_garbage_with_its_reason(payload, reason):
     with pytest.raises(wire.WireError, match=reason.replace("[", r"\[")):
         wire.decode(payload)
+
+
+def test_wire_still_carries_an_empty_tensor():
+    assert wire.decode(_raw([["x", "float32", [0, 5, 64]]]))["x"].shape == (0, 5, 64)
 
 
 def test_wire_refuses_other_dtypes():
@@ -386,6 +401,25 @@ def test_rejected_messages_are_logged_and_change_nothing(model, batch, certs, ca
     assert any(not torch.equal(t, before[name]) for name, t in _snapshot(server_split.trunk).items())
 
 
+def test_a_header_with_a_zero_size_and_huge_others_is_refused_not_an_internal_error(model, certs, caplog):
+    """[0, 10**20, width] describes no data, so the byte count matches; the shape itself must be refused."""
+    _, backend = _server(model)
+    server = _tls_server(backend, certs)
+    try:
+        with grpc.secure_channel(f"localhost:{server.port}", grpc.ssl_channel_credentials(certs["ca"])) as channel:
+            session = channel.stream_stream(SESSION_METHOD)
+            requests = [pack_envelope("forward", 0, "alice", _raw([["hidden", "float32", [0, 10**20, HIDDEN]]])),
+                        pack_envelope("forward", 1, "alice", _raw([["hidden", "float32", [0, 2**40, HIDDEN]]]))]
+            answers = [unpack_envelope(a)[0] for a in session(iter(requests), metadata=(
+                ("fedlm-client-id", "alice"), ("fedlm-token", TOKENS["alice"])), timeout=20)]
+    finally:
+        server.stop(grace=None)
+    assert [a["kind"] for a in answers] == ["error", "error"]
+    assert f"'hidden' has shape [0, {10**20}, {HIDDEN}]; expected" in answers[0]["error"]
+    assert f"'hidden' has shape [0, {2**40}, {HIDDEN}]; expected" in answers[1]["error"]
+    assert "internal error" not in caplog.text + answers[0]["error"] + answers[1]["error"]
+
+
 @pytest.mark.parametrize(
     ("tensors", "reason"),
     [
@@ -494,6 +528,33 @@ def test_trunk_serve_parses_its_options(tmp_path):
         "trunk", "serve", "0.0.0.0:50051", 16.0)
     with pytest.raises(SystemExit):  # the cut comes from the config's split section
         _parser().parse_args(["trunk", "serve", "--config", "c.yaml", "--tokens-file", "t.yaml", "--top-blocks", "1"])
+
+
+def test_trunk_serve_caps_sessions_in_all_and_per_client_as_told(tmp_path, tiny_csv, monkeypatch, capsys):
+    config, tokens = _serve_config(tmp_path, tiny_csv, {"bottom_blocks": 1, "top_blocks": 1})
+    served = {}
+
+    def serve(backend, address, **kwargs):
+        served.update(kwargs)
+        return types.SimpleNamespace(port=50051, server=types.SimpleNamespace(wait_for_termination=lambda: None),
+                                     stop=lambda grace: None)
+
+    monkeypatch.setattr("fedlm.split.grpc_server.serve_trunk", serve)
+    assert main(["trunk", "serve", "--config", config, "--tokens-file", tokens, "--insecure"]) == 0
+    assert (served["max_sessions"], served["max_sessions_per_client"]) == (16, 2)  # the defaults
+    assert main(["trunk", "serve", "--config", config, "--tokens-file", tokens, "--insecure", "--max-sessions", "40",
+                 "--max-sessions-per-client", "3"]) == 0
+    assert (served["max_sessions"], served["max_sessions_per_client"]) == (40, 3)
+    assert "at most 40 sessions, 3 per client" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags", [["--max-sessions", "0"], ["--max-sessions-per-client", "0"],
+                                   ["--max-sessions", "4", "--max-sessions-per-client", "5"]])
+def test_trunk_serve_refuses_a_bad_session_cap_with_one_line(tmp_path, tiny_csv, capsys, flags):
+    config, tokens = _serve_config(tmp_path, tiny_csv, {"bottom_blocks": 1, "top_blocks": 1})
+    assert main(["trunk", "serve", "--config", config, "--tokens-file", tokens, "--insecure", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "--max-sessions-per-client" in err and flags[-1] in err
 
 
 def test_trunk_serve_without_a_tokens_file_exits_2_with_one_line(tmp_path, capsys):

@@ -17,7 +17,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from fedlm.cli import main
+from fedlm.cli import Terminated, main
+from fedlm.cli.workers import LAUNCHED_ENV
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.collective import LOCAL
@@ -163,6 +164,14 @@ def test_jobs_are_balanced_by_cost_and_bad_worker_counts_are_refused(tmp_path, t
     with mock.patch("fedlm.cli._dispatch", side_effect=KeyboardInterrupt):  # Ctrl-C names the run to resume
         assert main(["run", str(tmp_path / "c.yaml"), "name=stopped"]) == 130
     assert f"--resume {tmp_path / 'runs' / 'stopped'}`" in capsys.readouterr().err
+    stopped = ["run", str(tmp_path / "c.yaml"), "name=stopped", "--workers", "2"]
+    with mock.patch("fedlm.cli.workers.launch", side_effect=Terminated):  # the launcher speaks for its workers
+        assert main(stopped) == 143
+    assert capsys.readouterr().err == ("fedlm: stopped by SIGTERM; resume with "
+                                       f"`fedlm run --resume {tmp_path / 'runs' / 'stopped'} --workers 2`\n")
+    with mock.patch("fedlm.cli._dispatch", side_effect=Terminated), mock.patch.dict(os.environ, {LAUNCHED_ENV: "1"}):
+        assert main(stopped[:3]) == 143  # a worker it stopped says nothing
+    assert capsys.readouterr().err == ""
 
     raw = tiny_config(tmp_path, tiny_csv)
     raw["split"] = {"bottom_blocks": 0, "top_blocks": 0}

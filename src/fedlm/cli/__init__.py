@@ -6,7 +6,9 @@ import argparse
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -77,32 +79,61 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--insecure", action="store_true", help="serve without TLS (tokens in clear; trusted networks)")
     serve.add_argument("--max-message-mb", type=float, default=None,
                        help="largest message either way (MiB; default: the largest the trunk's limits admit, <= 64)")
-    serve.add_argument("--stream-timeout-s", type=float, default=600.0, help="close sessions idle this long")
+    serve.add_argument("--stream-timeout-s", type=float, default=600.0,
+                       help="close a session this long after its last accepted message (default 600)")
+    serve.add_argument("--max-sessions", type=int, default=16,
+                       help="concurrent sessions in all; more are refused with RESOURCE_EXHAUSTED (default 16)")
+    serve.add_argument("--max-sessions-per-client", type=int, default=2,
+                       help="concurrent sessions of one client, so one cannot take them all (default 2)")
     return parser
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's stop), handled as Ctrl-C is: what the run computed stays, and one line
+    says how to go on."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(raw)
-    if args.command == "run" and args.workers is not None:  # this process only starts and watches the workers
-        from fedlm.cli.workers import launch, without_workers
-
-        try:
-            return launch(without_workers(raw), args.workers, run_dir_of(args))
-        except UserError as err:
-            print(f"fedlm: {err}", file=sys.stderr)
-            return err.exit_code
-    configure_output(args.verbose)
-    os.environ.setdefault("HF_HUB_OFFLINE", "0")
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return _main(raw)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
+        return _main(raw)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(raw: list[str]) -> int:
+    args = _parser().parse_args(raw)
+    workers = getattr(args, "workers", None)
+    try:
+        if args.command == "run" and workers is not None:  # this process only starts and watches the workers
+            from fedlm.cli.workers import launch, without_workers
+
+            return launch(without_workers(raw), workers, run_dir_of(args))
+        configure_output(args.verbose)
+        os.environ.setdefault("HF_HUB_OFFLINE", "0")
         with logging_redirect_tqdm():  # log lines above the progress bars, not through them
             return _dispatch(args)
     except UserError as err:
         print(f"fedlm: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print(f"fedlm: interrupted; resume with `fedlm run --resume {run_dir_of(args)}`", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        from fedlm.cli.workers import LAUNCHED_ENV
+
+        terminated = isinstance(stop, Terminated)
+        if not os.environ.get(LAUNCHED_ENV):  # a worker's launcher says it once for all of them
+            how = "stopped by SIGTERM" if terminated else "interrupted"
+            again = f" --workers {workers}" if workers is not None else ""
+            resume = (f"; resume with `fedlm run --resume {run_dir_of(args)}{again}`"
+                      if args.command == "run" else "")
+            print(f"fedlm: {how}{resume}", file=sys.stderr)
+        return 143 if terminated else 130
     except OSError as err:
         if err.errno not in _FILE_SYSTEM_ERRORS:
             raise

@@ -28,6 +28,9 @@ def trunk_serve(args: argparse.Namespace) -> int:
         raise UserError("--client-ca needs --tls-cert and --tls-key")
     if (args.max_message_mb is not None and args.max_message_mb <= 0) or args.stream_timeout_s <= 0:
         raise UserError("--max-message-mb and --stream-timeout-s must be > 0")
+    if args.max_sessions < 1 or not 1 <= args.max_sessions_per_client <= args.max_sessions:
+        raise UserError(f"--max-sessions ({args.max_sessions}) must be >= 1 and --max-sessions-per-client "
+                        f"({args.max_sessions_per_client}) from 1 to --max-sessions")
 
     from fedlm.config import load_config
     from fedlm.split.modes import TrunkChoice
@@ -54,10 +57,12 @@ def trunk_serve(args: argparse.Namespace) -> int:
     backend = trunk.backend(split, settings, config.model.max_length)
     max_bytes = None if args.max_message_mb is None else int(args.max_message_mb * 2**20)  # None: the trunk's limits
     server = serve_trunk(backend, args.address, tokens=tokens, tls=tls, client_ca_pem=client_ca,
-                         max_message_bytes=max_bytes, stream_timeout_s=args.stream_timeout_s)
+                         max_message_bytes=max_bytes, stream_timeout_s=args.stream_timeout_s,
+                         max_sessions=args.max_sessions, max_sessions_per_client=args.max_sessions_per_client)
     clipping = "no clipping" if settings.max_grad_norm is None else f"gradient norm clipped at {settings.max_grad_norm}"
     print(f"trunk of {config.name} ({len(split.trunk.blocks)} blocks after {spec.bottom_blocks} client blocks, "
-          f"activations in {spec.activation_dtype}, {clipping}) serving on port {server.port}; Ctrl-C stops")
+          f"activations in {spec.activation_dtype}, {clipping}) serving on port {server.port} (at most "
+          f"{args.max_sessions} sessions, {args.max_sessions_per_client} per client); Ctrl-C stops")
     try:
         server.server.wait_for_termination()
     except KeyboardInterrupt:

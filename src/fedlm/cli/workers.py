@@ -22,6 +22,7 @@ import torch
 from fedlm.errors import UserError
 from fedlm.federation.collective import LOCAL, Collective, TorchCollective
 
+LAUNCHED_ENV = "FEDLM_LAUNCHED"  # set in the processes `fedlm run --workers` starts: the launcher speaks for them
 STOP_GRACE_S = 10.0  # how long a stopped worker may take to exit before it is killed
 
 
@@ -53,7 +54,7 @@ def launch(argv: list[str], workers: int, run_dir: str = "RUN_DIR") -> int:
 
 
 def _start(argv: list[str], rank: int, workers: int, port: int, threads: str, logs: Path) -> subprocess.Popen:
-    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(workers),
+    env = {**os.environ, LAUNCHED_ENV: "1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(workers),
            "LOCAL_WORLD_SIZE": str(workers), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "OMP_NUM_THREADS": threads}
     command = [sys.executable, "-m", "fedlm.cli", *argv]

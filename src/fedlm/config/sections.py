@@ -94,6 +94,9 @@ class ProtocolConfig(Section):
     min_clients: int = Field(1, ge=1, description="fewest reporting clients for a round to count")
     max_retries: int = Field(2, ge=0, description="re-runs of a round that got too few reports")
     client_timeout_s: float | None = Field(None, gt=0.0)
+    max_update_growth: float | None = Field(
+        1000.0, gt=1.0, description="refuse a report with a tensor this many times the global model's scale "
+        "(root mean square, at least 0.01): a scaled-up attack or a broken client; null: accept any finite report")
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     codec_block_size: int | None = Field(
         None, ge=1, description="int8: one absmax scale per block of this many values (null: one per tensor)")

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import torch
 
+from fedlm.errors import UserError
 from fedlm.federation.codecs import Codec
 from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import ClientTimeout, train_locally
@@ -149,7 +150,12 @@ def failure_reason(exc: BaseException) -> str:
     return f"exception: {type(exc).__name__}: {exc}"
 
 
+# Raised by code, not by a client's data, network or numbers: a bug, or a model fedlm cannot run this way (a
+# decoder layer that wants an argument the split does not pass) -- every client would fail the same way.
+LASTING_ERRORS = (TypeError, AttributeError, NameError, NotImplementedError, ImportError, AssertionError, UserError)
+
+
 def client_failure(client_id: int, exc: BaseException) -> ClientFailure:
     """A client's exception as the engine's record of a left-out client (the traceback goes to the debug log)."""
     log.debug("client %d failed", client_id, exc_info=exc)
-    return ClientFailure(client_id, failure_reason(exc))
+    return ClientFailure(client_id, failure_reason(exc), lasting=isinstance(exc, LASTING_ERRORS))

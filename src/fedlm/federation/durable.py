@@ -18,22 +18,30 @@ import torch
 def save_atomic(obj: Any, path: Path) -> None:
     """``torch.save`` whose result appears at ``path`` whole or not at all."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except (Exception, KeyboardInterrupt):  # a full disk, Ctrl-C, SIGTERM: the old file stays, alone
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Text whose file appears at ``path`` whole or not at all."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except (Exception, KeyboardInterrupt):
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

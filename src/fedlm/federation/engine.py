@@ -22,7 +22,8 @@ from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport, Ex
 from fedlm.federation.local_training import LocalSettings, local_seed, round_lr
 from fedlm.federation.observer import SILENT, RoundObserver
 from fedlm.federation.params import NamedTensors
-from fedlm.federation.records import Boundary, FailedRound, RoundRecord
+from fedlm.federation.records import Boundary, FailedRound, RoundRecord, Suspect
+from fedlm.federation.screening import Growth, UpdateScreen
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.strategies.base import Aggregation, ClientUpdate, Strategy, sample_clients
 
@@ -30,11 +31,13 @@ log = logging.getLogger("fedlm")
 
 
 class RoundFailed(RuntimeError):
-    """Too few clients reported, even after the allowed retries; ``record`` is what the run records of it."""
+    """Too few clients reported, even after the allowed retries, or every client failed in a way no retry can fix
+    (``lasting``); ``record`` is what the run records of it."""
 
-    def __init__(self, message: str, record: FailedRound) -> None:
+    def __init__(self, message: str, record: FailedRound, lasting: bool = False) -> None:
         super().__init__(message)
         self.record = record
+        self.lasting = lasting
 
 
 @dataclass
@@ -51,6 +54,7 @@ class RoundPlan:
     eval_every: int = 1
     checkpoint_every: int = 1
     lr_schedule: str = "constant"  # train.lr_schedule: the clients' lr per round (local_training.round_lr)
+    max_update_growth: float | None = 1000.0  # protocol.max_update_growth: the screen's limit (screening.py)
 
 
 def round_settings(base: LocalSettings, strategy: Strategy, plan: RoundPlan, round_idx: int) -> LocalSettings:
@@ -81,6 +85,7 @@ class RoundTally:
     boundary_down: int = 0
     extra_down: int = 0
     by_client: dict[str, tuple[int, int]] = field(default_factory=dict)  # (sent, received beyond the downlink)
+    growth: dict[int, Growth] = field(default_factory=dict)  # each report's growth past the global model's scale
 
     def add(self, report: ClientReport) -> None:
         update = report.update
@@ -111,6 +116,7 @@ class RoundTally:
             merged.boundary_down += part.boundary_down
             merged.extra_down += part.extra_down
             merged.by_client.update(part.by_client)
+            merged.growth.update(part.growth)
         merged.by_client = {str(u.client_id): merged.by_client[str(u.client_id)] for u in merged.reported}
         return merged
 
@@ -127,6 +133,7 @@ class RoundEngine:
     observer: RoundObserver = SILENT
     sharing: SharingPolicy | None = None  # who freezes what in a round (FFDAPT's window); None: nothing
     collective: Collective = LOCAL  # the processes sharing each round's clients (fedlm run --workers)
+    _last_growth: tuple[int, dict[int, Growth]] = field(default=(0, {}), init=False, repr=False)  # to name a poisoner
 
     def run(self, global_params: NamedTensors, start_round: int = 1) -> NamedTensors:
         if start_round == 1:
@@ -151,17 +158,22 @@ class RoundEngine:
         settings = round_settings(self.settings, self.strategy, self.plan, round_idx)
         download_bytes = download_meta = 0
         failures: list[ClientFailure] = []
+        screen = UpdateScreen.of(global_params, self.plan.max_update_growth)
         for attempt in range(self.plan.max_retries + 1):
             jobs = self._jobs(round_idx, attempt, sent, settings)
             download_bytes += sent.total_bytes * len(jobs)
             download_meta += sent.meta_bytes * len(jobs)
-            aggregation, tally = self._attempt(round_idx, jobs, global_params, failures)
+            aggregation, tally, failed = self._attempt(round_idx, jobs, global_params, screen)
+            failures.extend(failed)
             if len(tally.reported) >= self.plan.min_clients:
                 break
+            if not tally.reported and failed and all(f.lasting for f in failed):
+                raise self._failed(round_idx, 0, failures, failed, attempt + 1)
             log.warning("round %d: %d of %d clients reported, need %d; retrying (attempt %d)", round_idx,
                         len(tally.reported), len(jobs), self.plan.min_clients, attempt + 1)
         else:
-            raise self._failed(round_idx, len(tally.reported), failures)
+            raise self._failed(round_idx, len(tally.reported), failures, failed, self.plan.max_retries + 1)
+        self._last_growth = (round_idx, tally.growth)
         train_s = time.perf_counter() - started  # clients' share of the round (FFDAPT's saving shows here)
         if aggregation is not None:
             global_params = {**aggregation.result(), **self.executor.server_params()}
@@ -184,8 +196,9 @@ class RoundEngine:
                           self.plan.timeout_s, self._frozen(round_idx, sampled, cid)) for cid in sampled]
 
     def _attempt(self, round_idx: int, jobs: list[ClientJob], global_params: NamedTensors,
-                 failures: list[ClientFailure]) -> tuple[Aggregation | None, RoundTally]:
-        """One try at the round: each report folded into a fresh aggregate as the executor hands it over."""
+                 screen: UpdateScreen) -> tuple[Aggregation | None, RoundTally, list[ClientFailure]]:
+        """One try at the round: each report screened, then folded into a fresh aggregate as the executor hands
+        it over; returns the aggregate, the tally and the clients left out."""
         self.executor.begin_round(round_idx, global_params)
         self.observer.clients_started(round_idx, jobs)
         aggregation = self.strategy.aggregation(global_params) if global_params else None
@@ -194,20 +207,27 @@ class RoundEngine:
             if isinstance(result, ClientFailure):
                 failed.append(result)
                 continue
+            growth = screen.growth(result.update.params)
+            refusal = screen.refusal(growth)
+            if refusal is not None:
+                failed.append(ClientFailure(result.update.client_id, refusal))
+                continue
             tally.add(result)
+            if growth is not None:
+                tally.growth[result.update.client_id] = growth
             if aggregation is not None:
                 aggregation.add(result.update)
         if self.collective.world > 1:  # each process trained its share: combine them
             order = [job.client_id for job in jobs]
+            position = {client_id: i for i, client_id in enumerate(order)}
             parts = self.collective.all_gather((tally, failed))
             tally = RoundTally.merged([part[0] for part in parts], order)
-            failed = sorted((f for part in parts for f in part[1]), key=lambda f: order.index(f.client_id))
+            failed = sorted((f for part in parts for f in part[1]), key=lambda f: position[f.client_id])
             if aggregation is not None:
                 aggregation.merge(self.collective)
         for failure in failed:
             log.warning("round %d: client %d left out: %s", round_idx, failure.client_id, failure.reason)
-        failures.extend(failed)
-        return aggregation, tally
+        return aggregation, tally, failed
 
     def _evaluate(self, round_idx: int, global_params: NamedTensors, clients: list[int]) -> dict[str, Any]:
         assert self.hooks.evaluate is not None
@@ -217,16 +237,33 @@ class RoundEngine:
         finally:
             self.observer.evaluation_done()
 
-    def _failed(self, round_idx: int, reported: int, failures: list[ClientFailure]) -> RoundFailed:
+    def _failed(self, round_idx: int, reported: int, failures: list[ClientFailure], last: list[ClientFailure],
+                attempts: int) -> RoundFailed:
         """The round could not complete: its record (written to the run's metrics) and the error to stop on."""
-        attempts = self.plan.max_retries + 1
-        record = FailedRound(round_idx, reported, self.plan.min_clients, attempts, failures)
+        suspect = self._poisoner(last)
+        record = FailedRound(round_idx, reported, self.plan.min_clients, attempts, failures, suspect)
         if self.hooks.record is not None:
             self.hooks.record(record)
+        lasting = not reported and all(f.lasting for f in last)
+        if lasting:  # one client's reason says it all: they failed alike
+            return RoundFailed(f"round {round_idx}: every client failed with an error no retry can fix (client "
+                               f"{last[0].client_id}: {last[0].reason}): a bug, or a model or setting fedlm cannot "
+                               "run this way, not the clients' doing; stopped without retrying"
+                               .replace("\n", " "), record, lasting=True)
         reasons = "; ".join(f"client {f.client_id}: {f.reason}" for f in failures[-5:])
+        blame = "" if suspect is None else f"; {suspect.describe()}"
         return RoundFailed(f"round {round_idx}: fewer than {self.plan.min_clients} clients reported after "
-                           f"{attempts} attempts (last attempt: {reported} reported; {reasons})".replace("\n", " "),
-                           record)
+                           f"{attempts} attempts (last attempt: {reported} reported; {reasons}){blame}"
+                           .replace("\n", " "), record)
+
+    def _poisoner(self, last: list[ClientFailure]) -> Suspect | None:
+        """When every client of the last attempt diverged (a non-finite update), the model they started from is
+        at fault, not they: the client whose report grew most in the round that made that model."""
+        previous, growth = self._last_growth
+        if not last or not growth or not all(f.reason.startswith("non-finite update") for f in last):
+            return None
+        client = max(growth, key=lambda c: growth[c].factor if math.isfinite(growth[c].factor) else math.inf)
+        return Suspect(previous, client, growth[client].tensor, growth[client].factor)
 
     def _frozen(self, round_idx: int, sampled: list[int], client_id: int) -> tuple[str, ...]:
         return self.sharing.frozen_for(round_idx, sampled, client_id) if self.sharing is not None else ()

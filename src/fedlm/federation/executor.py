@@ -38,6 +38,7 @@ class ClientJob:
 class ClientFailure:
     client_id: int
     reason: str
+    lasting: bool = False  # the code or the model failed, not the client: retrying other clients cannot help
 
 
 @dataclass

@@ -54,9 +54,12 @@ class RunningMean:
     sum is exact, so the mean does not depend on the order items came in, one item's mean is the item, and
     equally weighted items give the same bits whatever the common weight."""
 
+    CHUNK = 1 << 18  # float64 values converted at a time: 2 MB, reused while it is warm in the cache
+
     def __init__(self) -> None:
         self.sums: NamedTensors = {}
         self.weights: dict[str, float] = {}
+        self._wide: torch.Tensor | None = None
 
     def add(self, tensors: NamedTensors, weight: float) -> None:
         if not math.isfinite(weight) or weight < 0:
@@ -65,8 +68,25 @@ class RunningMean:
             if name not in self.sums:
                 self.sums[name] = torch.zeros_like(value, dtype=torch.float64)
                 self.weights[name] = 0.0
-            self.sums[name].add_(value, alpha=weight)
+            self._accumulate(self.sums[name], value, weight)
             self.weights[name] += weight
+
+    def _accumulate(self, total: torch.Tensor, value: torch.Tensor, weight: float) -> None:
+        """``total += weight * value`` in float64. Added straight, an fp32 ``value`` goes through torch's mixed-dtype
+        path, which converts it into a fresh float64 tensor the size of the whole tensor (MiniLM: ~135 ms a client);
+        converted a chunk at a time into one reused buffer, the same products and sums (each exact, or rounded
+        once) take ~2.5x less."""
+        if value.dtype == torch.float64 or total.device.type != "cpu" or not total.is_contiguous():
+            total.add_(value, alpha=weight)
+            return
+        if self._wide is None:
+            self._wide = torch.empty(self.CHUNK, dtype=torch.float64)
+        flat_total, flat_value = total.view(-1), value.reshape(-1)
+        for start in range(0, flat_value.numel(), self.CHUNK):
+            part = flat_value[start:start + self.CHUNK]
+            wide = self._wide[:part.numel()]
+            wide.copy_(part)
+            flat_total[start:start + part.numel()].add_(wide, alpha=weight)
 
     def merge(self, collective: Collective) -> None:
         """Add the other processes' sums of the same round (torch.distributed workers), so every process holds

@@ -63,6 +63,26 @@ class RoundRecord:
         return out
 
 
+@dataclass(frozen=True)
+class Suspect:
+    """The client whose report most likely poisoned the model a failed round started from: every client diverged
+    from it, and this client's report had grown most past the global model's scale in the round that made it."""
+
+    round: int
+    client: int
+    tensor: str
+    growth: float
+
+    def describe(self) -> str:
+        return (f"every client diverged from the model round {self.round} committed, whose largest update was "
+                f"client {self.client}'s ({self.tensor} at {self.growth:.3g}x the global model's scale): that "
+                "client's update poisoned it, and the checkpoint holds it; start the run afresh (fedlm run ... "
+                "--overwrite) with protocol.max_update_growth below that factor, or without that client")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "client": self.client, "tensor": self.tensor, "growth": self.growth}
+
+
 @dataclass
 class FailedRound:
     """A round that could not complete: too few clients reported, even after the allowed retries."""
@@ -72,7 +92,11 @@ class FailedRound:
     needed: int
     attempts: int
     failed: list[ClientFailure]
+    suspect: Suspect | None = None  # whose earlier update the clients' divergence points to
 
     def to_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "round_failed": True, "reported": self.reported, "needed": self.needed,
-                "attempts": self.attempts, "failed": failure_entries(self.failed)}
+        out = {"round": self.round, "round_failed": True, "reported": self.reported, "needed": self.needed,
+               "attempts": self.attempts, "failed": failure_entries(self.failed)}
+        if self.suspect is not None:
+            out["suspect"] = self.suspect.to_dict()
+        return out

@@ -74,6 +74,11 @@ class Simulation:
         prep = clients.prep
         if prep.config.split is not None:
             return split_executor(clients)
+        return self.in_process(clients)
+
+    def in_process(self, clients: RunClients) -> InProcessExecutor:
+        """The FedAvg family's executor: the clients trained in this process, one after another."""
+        prep = clients.prep
         return self.executor_class(prep.model, prep.task, prep.client_train, clients.codec, clients.store,
                                    clients.policy.local_names, observer=clients.observer)
 
@@ -90,6 +95,4 @@ class Sharded:
         if prep.config.split is not None:
             raise UserError("split learning runs in one process (its trunk takes the clients' turns in order): "
                             "run it without --workers")
-        inner = InProcessExecutor(prep.model, prep.task, prep.client_train, clients.codec, clients.store,
-                                  clients.policy.local_names, observer=clients.observer)
-        return ShardedExecutor(inner, self.collective)
+        return ShardedExecutor(Simulation().in_process(clients), self.collective)

@@ -111,6 +111,9 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
     try:
         final = engine.run(start.global_params, start_round=start.round)
     except RoundFailed as failed:
+        if failed.lasting:
+            raise RunStopped(f"{failed}. The run keeps its rounds before this one: run -v to see the traceback, "
+                             "then change the model or setting that raises it (or report it as a bug)") from None
         raise RunStopped(f"{failed}. The run keeps its rounds before this one; fix the cause and continue with "
                          f"`fedlm run --resume {run_dir}`") from None
     finally:
@@ -196,7 +199,8 @@ def round_plan(config: ExperimentConfig, n_clients: int) -> RoundPlan:
         protocol.clients_per_round or max(1, round(protocol.fraction * n_clients)))
     return RoundPlan(rounds=protocol.rounds, clients_per_round=per_round,
                      min_clients=min(protocol.min_clients, per_round), max_retries=protocol.max_retries,
-                     timeout_s=protocol.client_timeout_s, seed=config.seed,
+                     timeout_s=protocol.client_timeout_s, max_update_growth=protocol.max_update_growth,
+                     seed=config.seed,
                      count_bytes=protocol.traits.counts_bytes,
                      eval_every=config.eval.every, checkpoint_every=config.checkpoint_every,
                      lr_schedule=config.train.lr_schedule)

@@ -1,11 +1,18 @@
 """The trunk served over gRPC (:mod:`fedlm.split.envelope` describes the messages): authenticated sessions,
-answered in order, with an idle timeout, a session cap and, for rounds sent at once, the turn gate."""
+answered in order, with an idle timeout, caps on sessions in all and per client and, for rounds sent at once,
+the turn gate.
+
+No client can hold the server's sessions for long: one client opens at most ``max_sessions_per_client`` at
+once, and only accepted work keeps a session alive, so a session that sends nothing or only refused messages
+is closed ``stream_timeout_s`` after its last accepted one (or its opening)."""
 
 from __future__ import annotations
 
 import hmac
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,63 +52,111 @@ def authenticate(context: grpc.ServicerContext, tokens: Mapping[str, str], servi
     return None
 
 
+class _IdleClock:
+    """Cancels a session ``timeout_s`` after it opened or last had a message accepted. A refused message does
+    not count as activity (junk every few seconds must not hold a session, and its slot, for good); the clock
+    is paused while a message is worked on, since waiting for the trunk or the turn is not idleness."""
+
+    def __init__(self, context: grpc.ServicerContext, client_id: str, timeout_s: float) -> None:
+        self._context, self._client_id, self._timeout_s = context, client_id, timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._timer: threading.Timer | None = None
+        self.resume(accepted=False)
+
+    def pause(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def resume(self, accepted: bool) -> None:
+        """Run again, from a full ``timeout_s`` if the last message was accepted, else from what was left."""
+        self.pause()
+        if accepted:
+            self._deadline = time.monotonic() + self._timeout_s
+        self._timer = threading.Timer(max(self._deadline - time.monotonic(), 0.0), self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        log.warning("trunk: session of client %s idle for %ss, closed (no accepted message in that time)",
+                    self._client_id, self._timeout_s)
+        self._context.cancel()
+
+
 class _TrunkService:
-    """One ``Session`` call per connected client: authenticate, then answer messages in order."""
+    """One ``Session`` call per connected client: authenticate, take one of the client's session slots, then
+    answer messages in order."""
 
     def __init__(
         self, backend: TrunkBackend, tokens: Mapping[str, str], stream_timeout_s: float, hook: MessageHook | None,
-        gate: TurnGate | None = None,
+        gate: TurnGate | None = None, max_sessions_per_client: int = 2,
     ) -> None:
         self._backend = backend
         self._tokens = dict(tokens)
         self._stream_timeout_s = stream_timeout_s
         self._hook = hook
         self._gate = gate
+        self._per_client = max_sessions_per_client
+        self._open: Counter[str] = Counter()  # sessions open per client, under _lock (one thread per session)
+        self._lock = threading.Lock()
 
     def session(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         client_id = authenticate(context, self._tokens, "trunk")
         if client_id is None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown client id or bad token")
-        log.info("trunk: session of client %s opened from %s", client_id, context.peer())
-        idle = self._idle_timer(context, client_id)
-        admitted = False
+        if not self._claim(client_id):
+            log.warning("trunk: refused a session of client %s from %s: it already has %d open (the per-client cap)",
+                        client_id, context.peer(), self._per_client)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"client {client_id} already has {self._per_client} "
+                          "trunk sessions open, the most one client may have; close one first")
         try:
-            for request in requests:
-                idle.cancel()
-                if self._gate is not None:  # the first message waits for this client's turn; later ones need it
-                    admitted = self._gate.holds(client_id) if admitted else self._gate.admit(client_id)
-                    if not admitted:
-                        yield pack_envelope("error", -1, client_id, error="not this client's turn: it is not in "
-                                            "the round, its turn has passed, or the round has ended")
-                        return
-                yield self._answer(client_id, request)
-                idle = self._idle_timer(context, client_id)
+            log.info("trunk: session of client %s opened from %s", client_id, context.peer())
+            idle = _IdleClock(context, client_id, self._stream_timeout_s)
+            admitted = False
+            try:
+                for request in requests:
+                    idle.pause()
+                    if self._gate is not None:  # the first message waits for this client's turn; later ones need it
+                        admitted = self._gate.holds(client_id) if admitted else self._gate.admit(client_id)
+                        if not admitted:
+                            yield pack_envelope("error", -1, client_id, error="not this client's turn: it is not "
+                                                "in the round, its turn has passed, or the round has ended")
+                            return
+                    answer, accepted = self._answer(client_id, request)
+                    idle.resume(accepted)
+                    yield answer
+            finally:
+                idle.pause()
+                self._backend.drop(client_id)
+                if self._gate is not None:
+                    self._gate.end(client_id)
+                log.info("trunk: session of client %s closed", client_id)
         finally:
-            idle.cancel()
-            self._backend.drop(client_id)
-            if self._gate is not None:
-                self._gate.end(client_id)
-            log.info("trunk: session of client %s closed", client_id)
+            self._release(client_id)
 
-    def _idle_timer(self, context: grpc.ServicerContext, client_id: str) -> threading.Timer:
-        def expire() -> None:
-            log.warning("trunk: session of client %s idle for %ss, closed", client_id, self._stream_timeout_s)
-            context.cancel()
+    def _claim(self, client_id: str) -> bool:
+        """Take one of the client's session slots; False when it holds them all."""
+        with self._lock:
+            if self._open[client_id] >= self._per_client:
+                return False
+            self._open[client_id] += 1
+            return True
 
-        timer = threading.Timer(self._stream_timeout_s, expire)
-        timer.daemon = True
-        timer.start()
-        return timer
+    def _release(self, client_id: str) -> None:
+        with self._lock:
+            self._open[client_id] -= 1
+            if not self._open[client_id]:
+                del self._open[client_id]
 
-    def _answer(self, client_id: str, request: bytes) -> bytes:
+    def _answer(self, client_id: str, request: bytes) -> tuple[bytes, bool]:
+        """The answer to one message, and whether it was accepted (an error answer is not)."""
         kind, step = "message", -1
         try:
             header, payload = unpack_envelope(request)
             kind, step = header["kind"], header["step"]
             if header["client_id"] != client_id:
                 raise RejectedMessage(f"envelope names client {header['client_id'][:64]!r} in {client_id}'s session")
-            return pack_envelope(kind, step, client_id, handle_request(self._backend, client_id, kind, step, payload,
-                                                                       self._hook))
+            answer = handle_request(self._backend, client_id, kind, step, payload, self._hook)
+            return pack_envelope(kind, step, client_id, answer), True
         except (wire.WireError, RejectedMessage) as err:
             log.warning("trunk: rejected a %s of step %s from client %s: %s", kind, step, client_id, err)
             reason = str(err)
@@ -110,7 +165,7 @@ class _TrunkService:
             reason = "internal error in the trunk server (see its log)"
         if self._hook is not None:
             self._hook(TO_CLIENT, client_id, "error", {})
-        return pack_envelope("error", step, client_id, error=reason)
+        return pack_envelope("error", step, client_id, error=reason), False
 
 
 @dataclass(frozen=True)
@@ -135,13 +190,15 @@ def serve_trunk(
     max_message_bytes: int | None = None,
     stream_timeout_s: float = 600.0,
     max_sessions: int = 16,
+    max_sessions_per_client: int = 2,
     hook: MessageHook | None = None,
     extra_services: Sequence[grpc.GenericRpcHandler] = (),
     gate: TurnGate | None = None,
 ) -> TrunkServer:
     """Serve ``backend`` at ``address``; ``tls`` is (cert PEM, key PEM), ``client_ca_pem`` demands client
     certificates signed by that CA. A session idle for ``stream_timeout_s`` is closed and its pending
-    forwards dropped; beyond ``max_sessions`` concurrent sessions, new ones get RESOURCE_EXHAUSTED.
+    forwards dropped (only accepted messages count as activity); beyond ``max_sessions`` concurrent sessions
+    in all, or ``max_sessions_per_client`` of one client, new ones get RESOURCE_EXHAUSTED.
     ``max_message_bytes`` defaults to the largest message the backend's limits admit (at most 64 MiB), so
     an oversized message is refused by gRPC before it is read into memory. ``extra_services`` are served
     on the same port (the Flower deployment's parameter relay). ``gate``, if given, admits only the open
@@ -149,12 +206,15 @@ def serve_trunk(
     authenticated session is served as it comes (the simulator's loopback, ``fedlm trunk serve``)."""
     if not tokens:
         raise ValueError("serve_trunk needs at least one client id -> token")
+    if max_sessions < 1 or max_sessions_per_client < 1:
+        raise ValueError(f"max_sessions ({max_sessions}) and max_sessions_per_client ({max_sessions_per_client}) "
+                         "must be >= 1")
     if max_message_bytes is None:
         admitted = backend.limits.max_message_bytes(backend.hidden_size)
         max_message_bytes = min(admitted or DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_MESSAGE_BYTES)
     if extra_services:  # their messages (the relay's chunks) need not fit the boundary's limit
         max_message_bytes = max(max_message_bytes, SERVICE_MESSAGE_BYTES)
-    service = _TrunkService(backend, tokens, stream_timeout_s, hook, gate)
+    service = _TrunkService(backend, tokens, stream_timeout_s, hook, gate, max_sessions_per_client)
     handler = grpc.stream_stream_rpc_method_handler(service.session)
     handlers = (grpc.method_handlers_generic_handler(SERVICE, {"Session": handler}), *extra_services)
     server, port = start_server(address, handlers, tls, client_ca_pem, max_sessions, max_message_bytes)

@@ -10,6 +10,8 @@ Why not ``torch.save``/pickle: unpickling what a peer sent runs the peer's code.
 nothing but tensors of five dtypes, and ``decode`` checks every size against the header before it builds
 anything, so garbage is refused with a :class:`WireError` naming the problem instead of crashing or
 allocating whatever a corrupt header asks for. ``len(payload)`` is the exact number of bytes that crosses.
+A shape's sizes are checked one by one, not only through their product: ``[0, 10**20, 64]`` holds no data
+but would overflow torch's size arithmetic, so sizes above zero must multiply to at most 2**31 - 1.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ DTYPES: dict[str, torch.dtype] = {
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 _PREFIX = struct.Struct("<I")
 _MAX_RANK = 8
+# Elements in one tensor, zero sizes aside: int32's range, far above any boundary message (gRPC's own cap is
+# 2 GiB), and small enough that torch's int64 size and stride arithmetic cannot overflow.
+_MAX_ELEMENTS = 2**31 - 1
+_SHAPES = f"expected at most {_MAX_RANK} integer sizes >= 0, those above 0 multiplying to at most {_MAX_ELEMENTS}"
 
 
 class WireError(ValueError):
@@ -56,6 +62,8 @@ def encode(tensors: Mapping[str, Tensor]) -> bytes:
             raise WireError(f"{name!r} has dtype {tensor.dtype}; the wire carries {', '.join(DTYPES)}")
         if tensor.dim() > _MAX_RANK:
             raise WireError(f"{name!r} has rank {tensor.dim()}; the wire carries at most {_MAX_RANK}")
+        if not _fits(list(tensor.shape)):
+            raise WireError(f"{name!r} has shape {list(tensor.shape)}; {_SHAPES}")
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         entries.append([name, _NAMES[tensor.dtype], list(tensor.shape)])
         buffers.append(flat.view(torch.uint8).numpy().tobytes())
@@ -107,7 +115,7 @@ def cast_floats(tensors: Mapping[str, Tensor], dtype: torch.dtype) -> dict[str, 
 def _entries(payload: bytes) -> list[tuple[str, str, list[int]]]:
     end = header_length(payload)
     try:
-        entries = json.loads(bytes(payload[_PREFIX.size : end]).decode())
+        entries = json.loads(bytes(payload[_PREFIX.size : end]).decode(), parse_int=_header_int)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise WireError(f"header is not JSON: {err}") from None
     if not isinstance(entries, list):
@@ -122,13 +130,25 @@ def _entries(payload: bytes) -> list[tuple[str, str, list[int]]]:
         seen.add(name)
         if dtype not in DTYPES:
             raise WireError(f"{name!r} has dtype {str(dtype)[:40]!r}; the wire carries {', '.join(DTYPES)}")
-        if not (
-            isinstance(shape, list)
-            and len(shape) <= _MAX_RANK
-            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
-            raise WireError(f"{name!r} has shape {str(shape)[:80]}; expected at most {_MAX_RANK} sizes >= 0")
+        if not (isinstance(shape, list) and _fits(shape)):
+            raise WireError(f"{name!r} has shape {str(shape)[:80]}; {_SHAPES}")
     return [tuple(entry) for entry in entries]
+
+
+def _header_int(text: str) -> int:
+    """An integer of the header, refused past 100 digits (far beyond any size; shorter ones too large get the
+    shape's refusal) before Python's own digit limit would raise a bare ValueError."""
+    if len(text) > 100:
+        raise WireError(f"header holds an integer of {len(text)} digits; no size has that many")
+    return int(text)
+
+
+def _fits(shape: list) -> bool:
+    """Whether ``shape`` is one torch can build without overflow (see ``_MAX_ELEMENTS``): each size is
+    checked on its own, so a zero elsewhere cannot hide a huge one."""
+    if len(shape) > _MAX_RANK or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return False
+    return all(d <= _MAX_ELEMENTS for d in shape) and math.prod(d for d in shape if d) <= _MAX_ELEMENTS
 
 
 def _tensor(name: str, chunk: memoryview, dtype: torch.dtype, shape: list[int]) -> Tensor:
