@@ -14,7 +14,8 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
 from flwr.common.constant import ErrorCode
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.server.workflow.secure_aggregation.secaggplus_workflow import SecAggPlusWorkflow
 
 from fedlm.config import validate
 from fedlm.errors import UserError
@@ -67,6 +68,19 @@ def secure_node(client_id: int, fail: bool = False):
     context = Context(run_id=1, node_id=client_id, node_config={"partition-id": client_id}, state=RecordDict(),
                       run_config={})
     return lambda msg: app(msg, context)
+
+
+def dropping_node(client_id: int, stage: str, silent: bool = True):
+    """A node that answers as :func:`secure_node` until ``stage``, then drops: no reply (``silent``) or the
+    SuperLink's word that the node is gone."""
+    node = secure_node(client_id)
+
+    def handle(msg: Message) -> Message | None:
+        if msg.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE] != stage:
+            return node(msg)
+        return None if silent else Message(Error(ErrorCode.NODE_UNAVAILABLE, "gone"), reply_to=msg)
+
+    return handle
 
 
 class WatchingGrid(ScriptedGrid):
@@ -149,8 +163,79 @@ def test_too_many_dropouts_halt_the_round_with_reasons(task_identity):
     results = executor.run(_jobs(SIZES))
     assert all(isinstance(r, ClientFailure) for r in results)
     reasons = [r.reason for r in results]
-    assert reasons[0].startswith("secure aggregation halted")
+    assert reasons[0] == ("secure aggregation halted: node 11 (client 1) dropped before sending its masked vector, "
+                          "node 12 (client 2) dropped in setup, before sharing keys; too few nodes stayed to rebuild "
+                          "the masks (SecAgg+ threshold 2)")
+    assert reasons[1] == "exception: RuntimeError: lost power"
     assert reasons[2].startswith("timeout: no reply in the secure aggregation's setup stage")
+
+
+@pytest.mark.parametrize("stage", [Stage.SETUP, Stage.SHARE_KEYS])
+def test_a_node_dropped_before_its_key_shares_went_out_leaves_the_others_aggregate(task_identity, stage):
+    """Nobody masked with it nor holds a share of its key: Flower's workflow still asked the others to unmask
+    it, and every such round halted (their records: ``secure aggregation: 12``) however many nodes stayed."""
+    grid = ScriptedGrid({10: secure_node(0), 11: secure_node(1), 12: dropping_node(2, stage)})
+    executor = SecureFlowerExecutor(grid, {c: 10 + c for c in SIZES}, get_codec("fp32"), "name: x",
+                                    SecAggSettings(threshold=2), SIZES, timeout_s=5.0)
+    results = executor.run(_jobs(SIZES))
+    name = stage.replace("_", " ")
+    assert isinstance(results[2], ClientFailure)
+    assert results[2].reason == f"timeout: no reply in the secure aggregation's {name} stage"
+    expected = _expected([0, 1])
+    bound = error_bound(2, [SIZES[0] / 50, SIZES[1] / 50], 8.0)
+    for report in results[:2]:
+        assert isinstance(report, ClientReport), report
+        for key, value in expected.items():
+            assert (report.update.params[key] - value).abs().max() <= bound + 1e-7, key
+
+
+@pytest.mark.parametrize("stage", [Stage.SETUP, Stage.SHARE_KEYS])
+def test_every_node_dropped_before_the_shares_went_out_halts_the_round(task_identity, stage):
+    """Left out of the round one by one, no node stays: the round halts (it must not go on with none)."""
+    grid = ScriptedGrid({10 + c: dropping_node(c, stage) for c in SIZES})
+    executor = SecureFlowerExecutor(grid, {c: 10 + c for c in SIZES}, get_codec("fp32"), "name: x",
+                                    SecAggSettings(threshold=2), SIZES, timeout_s=5.0)
+    name = stage.replace("_", " ")
+    assert [r.reason for r in executor.run(_jobs(SIZES))] == \
+        [f"timeout: no reply in the secure aggregation's {name} stage"] * 3
+
+
+@pytest.mark.parametrize(("stage", "silent", "dropped", "own"), [
+    (Stage.SETUP, True, "in setup, before sharing keys", "timeout: no reply in the secure aggregation's setup stage"),
+    (Stage.SHARE_KEYS, False, "while sharing keys", "node unavailable: node 12 stopped sending heartbeats"),
+    (Stage.COLLECT_MASKED_VECTORS, True, "before sending its masked vector", "timeout: no reply in the secure "
+     "aggregation's collect masked vectors stage"),
+    (Stage.UNMASK, True, "while unmasking", "timeout: no reply in the secure aggregation's unmask stage"),
+])
+def test_a_halted_round_names_the_dropped_node_in_the_live_clients_records(task_identity, stage, silent, dropped,
+                                                                           own):
+    """Threshold 3 of 3: any dropout halts the round. The live clients' records say whose, and when; the
+    dropped client keeps its own reason."""
+    grid = ScriptedGrid({10: secure_node(0), 11: secure_node(1), 12: dropping_node(2, stage, silent)})
+    executor = SecureFlowerExecutor(grid, {c: 10 + c for c in SIZES}, get_codec("fp32"), "name: x",
+                                    SecAggSettings(threshold=3), SIZES, timeout_s=5.0)
+    results = executor.run(_jobs(SIZES))
+    assert all(isinstance(r, ClientFailure) for r in results)
+    halted = (f"secure aggregation halted: node 12 (client 2) dropped {dropped}; too few nodes stayed to rebuild "
+              "the masks (SecAgg+ threshold 3)")
+    assert [r.reason for r in results[:2]] == [halted, halted]
+    assert results[2].reason.startswith(own)
+
+
+def test_live_nodes_refusing_for_want_of_a_dropped_nodes_share_name_that_node(task_identity, monkeypatch):
+    """Should the protocol still ask the live nodes for a share they never got (Flower's own workflow does,
+    for a node gone before its key shares went out), their records name the dropped node, not a bare id."""
+    monkeypatch.setattr(secagg._FedlmSecAggPlus, "_check_threshold", SecAggPlusWorkflow._check_threshold)
+    grid = WatchingGrid({10: secure_node(0), 11: secure_node(1), 12: dropping_node(2, Stage.SHARE_KEYS)})
+    executor = SecureFlowerExecutor(grid, {c: 10 + c for c in SIZES}, get_codec("fp32"), "name: x",
+                                    SecAggSettings(threshold=2), SIZES, timeout_s=5.0)
+    results = executor.run(_jobs(SIZES))
+    refusals = [r.error.reason for r in grid.received if r.has_error()]
+    assert refusals == ["secure aggregation: KeyError: 12"] * 2  # the nodes' own word, named by its type
+    halted = ("secure aggregation halted: node 12 (client 2) dropped while sharing keys; too few nodes stayed to "
+              "rebuild the masks (SecAgg+ threshold 2)")
+    assert [r.reason for r in results] == [halted, halted, "timeout: no reply in the secure aggregation's share "
+                                           "keys stage"]
 
 
 def test_node_refuses_plain_updates_and_oversized_deltas(task_identity):

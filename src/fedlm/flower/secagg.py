@@ -8,7 +8,9 @@ shares) and its ``secaggplus_mod`` on the nodes (quantize, mask). fedlm adds onl
 - server: ``secure_executor.SecureFlowerExecutor`` hands each node fedlm's own ``train`` message in place of
   the legacy FitIns the workflow would build, and turns the unmasked aggregate back into the engine's reports.
   Every surviving client's report carries that same aggregate (as Flower's workflow does with its FitRes), so
-  the engine's FedAvg-family strategies, which average linearly, aggregate to it unchanged;
+  the engine's FedAvg-family strategies, which average linearly, aggregate to it unchanged. A node gone before
+  its key shares went out is left out of the round, not unmasked (nobody holds a share of its key). When the
+  protocol halts, each live client's record names the nodes that dropped, and at which stage;
 - node: ``secagg_mod.secure_aggregation_mod`` puts SecAgg+ around the ClientApp's ``train``, and
   :func:`masked_reply` answers with the update *minus the parameters received* (a small vector, so SecAgg+'s
   clipping range rarely binds; one that would be clipped is refused, never silently cut).
@@ -39,6 +41,7 @@ from flwr.app import (
     UserConfigValue,
 )
 from flwr.common import Code, FitIns, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -54,7 +57,7 @@ from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.strategies import ClientUpdate
 from fedlm.flower.messages import job_content
 from fedlm.flower.nodes import match_replies
-from fedlm.flower.secagg_mod import SECURE_KEY
+from fedlm.flower.secagg_mod import PROTOCOL_REFUSAL, SECURE_KEY
 
 log = logging.getLogger("fedlm")
 
@@ -63,6 +66,9 @@ MODULUS = 2**32  # Flower's default (and largest) modulus for the masked sums
 FREEZE_REFUSAL = ("secure aggregation sums one vector shape per round; FFDAPT's freeze_window gives clients "
                   "different ones: drop sharing.freeze_window or set secure-aggregation=false")
 STAGES = ("setup", "share keys", "collect masked vectors", "unmask")
+DROPPED = ("in setup, before sharing keys", "while sharing keys", "before sending its masked vector",
+           "while unmasking")  # a node's dropout, per stage, as the halted round's other clients record it
+NAMED_DROPOUTS = 3  # a halted round's records name this many dropped nodes, then count the rest
 
 
 @dataclass(frozen=True)
@@ -126,16 +132,38 @@ class _Collector:
 
 
 class _FedlmSecAggPlus(SecAggPlusWorkflow):
-    """Flower's workflow with fedlm's train message (the job) in place of the legacy FitIns it would send."""
+    """Flower's workflow with fedlm's train message (the job) in place of the legacy FitIns it would send, and
+    nodes that left before their key shares went out left out of the round (:meth:`_check_threshold`)."""
 
     def __init__(self, contents: Mapping[int, RecordDict], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.contents = contents
+        self.threshold = 0  # the round's share threshold, once the setup stage has set it (for the records)
+        self.shares_out = False  # the key shares were forwarded: from then on a dropout must be unmasked
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         ok = super().setup_stage(grid, context, state)
         state.nid_to_fitins = {node: self.contents[node] for node in state.nid_to_fitins}
+        self.threshold = state.threshold
         return ok
+
+    def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        self.shares_out = True
+        return super().collect_masked_vectors_stage(grid, context, state)
+
+    def _check_threshold(self, state: WorkflowState) -> bool:
+        """Flower counts every node sampled at setup among the dropouts to unmask, but one that left before its
+        key shares went out (setup, share keys) masked nothing and nobody holds a share of its key: the
+        survivors' ``secaggplus_mod`` refuses to unmask it, which halted every such round however many nodes
+        stayed. As in the SecAgg+ paper, such a node is no longer part of the round (nor anyone's neighbour)."""
+        if not self.shares_out:
+            live = set(state.active_node_ids)
+            if not live:  # every node gone: Flower's check, over no nodes at all, would pass
+                return False
+            state.sampled_node_ids = live
+            state.nid_to_neighbours = {node: neighbours & live for node, neighbours in state.nid_to_neighbours.items()
+                                       if node in live}
+        return super()._check_threshold(state)
 
 
 class _RecordingGrid:
@@ -154,6 +182,27 @@ class _RecordingGrid:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.grid, name)
+
+
+@dataclass(frozen=True)
+class _Dropout:
+    """A node's first failed SecAgg+ stage (an index into ``STAGES``) and the reason it gives."""
+
+    stage: int
+    reason: str
+    consequence: bool = False  # its SecAgg+ refused the stage because another node had dropped earlier
+
+
+def _halted_reason(routed: Sequence[tuple[ClientJob, int]], dropouts: Mapping[int, _Dropout], threshold: int) -> str:
+    """What a live client of a halted round records: the nodes that dropped (with their clients) and when, so
+    the record says whose absence stopped it (the dropped clients' own records say why)."""
+    named = [f"node {node} (client {job.client_id}) dropped {DROPPED[dropouts[node].stage]}"
+             for job, node in routed if node in dropouts and not dropouts[node].consequence]
+    more = f" and {len(named) - NAMED_DROPOUTS} more" if len(named) > NAMED_DROPOUTS else ""
+    why = f"too few nodes stayed to rebuild the masks (SecAgg+ threshold {threshold})"
+    if not named:
+        return f"secure aggregation halted: {why}; see the other clients' reasons"
+    return f"secure aggregation halted: {', '.join(named[:NAMED_DROPOUTS])}{more}; {why}"
 
 
 class SecureAggregation:
@@ -192,19 +241,23 @@ class SecureAggregation:
         context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}),
                                 strategy=collector)  # type: ignore[arg-type]
         workflow(grid, context)  # type: ignore[arg-type]
-        return self._results(routed, grid, collector, codec)
+        return self._results(routed, grid, collector, codec, workflow.threshold)
 
     def _results(self, routed: Sequence[tuple[ClientJob, int]], grid: _RecordingGrid, collector: _Collector,
-                 codec: Codec) -> dict[int, ClientReport | ClientFailure]:
+                 codec: Codec, threshold: int) -> dict[int, ClientReport | ClientFailure]:
         by_node = {}
         if collector.results is not None:
             by_node = {int(proxy.node_id): fitres for proxy, fitres in collector.results}
         aggregate = self._aggregate(routed[0][0], collector, codec) if by_node else None
+        dropouts = self._dropouts(routed, grid)
+        halted = _halted_reason(routed, dropouts, threshold)
         results: dict[int, ClientReport | ClientFailure] = {}
         for job, node in routed:
             fitres = by_node.get(node)
             if fitres is None or aggregate is None:
-                results[job.client_id] = ClientFailure(job.client_id, self._dropout_reason(grid, node))
+                dropout = dropouts.get(node)  # a live client of a halted round records the round's reason
+                reason = halted if dropout is None or (aggregate is None and dropout.consequence) else dropout.reason
+                results[job.client_id] = ClientFailure(job.client_id, reason)
                 continue
             metrics = {k: float(v) for k, v in fitres.metrics.items()}  # type: ignore[arg-type]
             upload = sum(_content_bytes(stage.get(node)) for stage in grid.stages)
@@ -224,18 +277,27 @@ class SecureAggregation:
                        .reshape(value.shape)).to(value.dtype)
                 for (name, value), delta in zip(received.items(), deltas, strict=True)}
 
-    def _dropout_reason(self, grid: _RecordingGrid, node: int) -> str:
-        """Why a node is not in the aggregate: its first failed stage, or the protocol halting around it."""
-        for name, stage in zip(STAGES, grid.stages, strict=False):
-            if node not in stage:
-                break
-            reply = stage[node]
-            if reply is None:
-                return f"timeout: no reply in the secure aggregation's {name} stage"
-            if reply.has_error():
-                return self.error_reason(node, reply.error.code, reply.error.reason)
-        return ("secure aggregation halted: too few nodes stayed to rebuild the masks (SecAgg+ threshold); "
-                "see the other clients' reasons")
+    def _dropouts(self, routed: Sequence[tuple[ClientJob, int]], grid: _RecordingGrid) -> dict[int, _Dropout]:
+        """Each node that failed a stage (no reply, or an error), at its first failure. A node's SecAgg+
+        refusing a stage after another node had dropped is that dropout's consequence (a share it never got),
+        not a dropout of its own."""
+        found: dict[int, tuple[int, str, bool]] = {}  # node -> (stage, reason, its SecAgg+ refused the stage)
+        for _, node in routed:
+            for index, (name, stage) in enumerate(zip(STAGES, grid.stages, strict=False)):
+                if node not in stage:
+                    break
+                reply = stage[node]
+                if reply is None:
+                    found[node] = (index, f"timeout: no reply in the secure aggregation's {name} stage", False)
+                    break
+                if reply.has_error():
+                    code, why = reply.error.code, reply.error.reason
+                    refused = code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION and why.startswith(PROTOCOL_REFUSAL)
+                    found[node] = (index, self.error_reason(node, code, why), refused)
+                    break
+        first = min((index for index, _, refused in found.values() if not refused), default=len(STAGES))
+        return {node: _Dropout(index, reason, refused and index > first)
+                for node, (index, reason, refused) in found.items()}
 
 
 # ---- node -----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from fedlm.flower.run_config import truthy
 
 SECURE_KEY = "secure-aggregation"  # run config: on/off; job config: the node answers with a masked reply
 REQUIRE_KEY = "require-secure-aggregation"  # node config: this node never sends a plain update
+PROTOCOL_REFUSAL = "secure aggregation: "  # how a node's SecAgg+ refusing a stage (its own checks) begins
 
 
 class _ClientFailed(Exception):
@@ -51,4 +52,6 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: ClientAppC
     except _ClientFailed as failed:
         return failed.reply
     except (KeyError, TypeError, ValueError) as exc:  # the protocol's own checks (stage order, neighbours)
-        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"secure aggregation: {exc}"), reply_to=msg)
+        # named by type: a KeyError alone reads as a bare node id (the node whose key share is missing)
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{PROTOCOL_REFUSAL}{type(exc).__name__}: {exc}"),
+                       reply_to=msg)
