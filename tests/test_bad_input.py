@@ -97,6 +97,11 @@ def _a_file(tmp: Path) -> Path:
     return tmp / "a_file"
 
 
+def _not_parquet(tmp: Path) -> Path:
+    (tmp / "data.parquet").write_text("text,label\n")
+    return tmp / "data.parquet"
+
+
 def _refuse_model_save(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's model directory cannot be written when training is done (a full or read-only disk)."""
     def refuse(self, path, *args, **kwargs):
@@ -132,6 +137,12 @@ CASES = [
                                                          "task=regression"], 2, "task: regression needs numeric"),
     Case("directory without a train file or documents", _partition(_empty_dir), 2,
          "or a directory of *.txt documents"),
+    Case("labels of one class", _partition(lambda tmp: _labelled(tmp, ["pos"])), 2,
+         "data.jsonl (label column 'label') has one class ('pos') in all 400 rows"),
+    Case("natural partition on a column the file lacks", lambda tmp: ["partition", str(_config(
+        tmp, _sentences(tmp), partition={"kind": "natural", "column": "hospital"}))], 2,
+         "column 'hospital' (for group) not found in"),
+    Case("a .parquet file that is not Parquet", _partition(_not_parquet), 2, "as Parquet"),
     Case("more clients than test examples", _run(lambda tmp: _csv_dir(tmp, 60, 3),
                                                  partition={"num_clients": 5}), 2, "the test split has 3 examples"),
     # model

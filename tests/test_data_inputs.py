@@ -4,6 +4,7 @@ a corpus with a deterministic test split of whole documents."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -16,9 +17,12 @@ import yaml
 from sklearn.feature_extraction.text import CountVectorizer
 
 from fedlm.cli import main
+from fedlm.config import validate
 from fedlm.data.partition.words import client_vocab_sizes, word_matrix, words_per_text
 from fedlm.data.sources import load_source
-from tests.conftest import make_sentences
+from fedlm.errors import UserError
+from fedlm.run.prepare import prepare
+from tests.conftest import make_sentences, tiny_config
 
 
 def test_word_matrix_counts_the_words_count_vectorizer_counts() -> None:
@@ -59,12 +63,21 @@ def _jsonl(path: Path, labels: list[object]) -> Path:
 
 
 def test_the_inferred_task_is_logged_in_one_line(tmp_path: Path, caplog) -> None:
-    with caplog.at_level(logging.INFO, logger="fedlm"):
-        loaded = load_source(str(_jsonl(tmp_path / "c.jsonl", ["pos", "neg"] * 50)), tmp_path, task="auto")
+    """Issue 37: the way to regression is offered for numeric labels only, and one class is '1 class'."""
+    def inferred(labels: list[object]) -> list[str]:
+        caplog.clear()
+        # one class is refused, after the line that says what was inferred
+        with caplog.at_level(logging.INFO, logger="fedlm"), contextlib.suppress(UserError):
+            load_source(str(_jsonl(tmp_path / "c.jsonl", labels)), tmp_path, task="auto")
+        return [r.getMessage() for r in caplog.records if "inferred" in r.getMessage()]
+
+    loaded = load_source(str(_jsonl(tmp_path / "c.jsonl", ["pos", "neg"] * 50)), tmp_path, task="auto")
     assert loaded.kind == "classification" and loaded.label_names == ["neg", "pos"]
-    lines = [r.getMessage() for r in caplog.records if "inferred" in r.getMessage()]
-    assert lines == ["task inferred from the labels: classification, 2 classes (neg, pos); set task: regression "
-                     "to treat numeric labels as scores"]
+    assert inferred(["pos", "neg"] * 50) == ["task inferred from the labels: classification, 2 classes (neg, pos)"]
+    assert inferred([True, False] * 50) == ["task inferred from the labels: classification, 2 classes (false, true)"]
+    assert inferred([1, 0, 2] * 50) == ["task inferred from the labels: classification, 3 classes (0, 1, 2); set "
+                                        "task: regression to treat numeric labels as scores"]
+    assert inferred(["pos"] * 50) == ["task inferred from the labels: classification, 1 class (pos)"]
 
 
 def test_scores_with_many_fractions_are_regression(tmp_path: Path) -> None:
@@ -125,3 +138,90 @@ def test_a_long_tail_of_many_classes_is_not_stray(tmp_path: Path) -> None:
     labels = [1950 + i % 40 for i in range(4000)] + [1900]
     loaded = load_source(str(_jsonl(tmp_path / "y.jsonl", labels)), tmp_path, task="auto")
     assert loaded.kind == "classification" and len(loaded.label_names) == 41
+
+
+# ---------------------------------------------------------------------------------------------- issue 37
+
+
+def _hospital_rows(n: int, hospitals: str = "ABC", seed: int = 0) -> list[dict]:
+    return [{"note": text, "outcome": label, "hospital": hospitals[i % len(hospitals)]}
+            for i, (text, label) in enumerate(make_sentences(n, seed))]
+
+
+def _write_rows(path: Path, rows: list[dict]) -> Path:
+    """CSV, JSON Lines or Parquet by the suffix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        path.write_text("note,outcome,hospital\n" + "".join(f"{r['note']},{r['outcome']},{r['hospital']}\n"
+                                                            for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("source", ["data.csv", "data.jsonl", "data.parquet", "hf:folder"])
+def test_a_natural_partition_on_a_users_own_column(tmp_path: Path, source: str) -> None:
+    """Issue 37 item 1: partition.column names a column of the user's file (CSV, JSON Lines, Parquet, an hf:
+    folder): it is loaded without a data.columns entry, each client is one hospital, and the partition report
+    says which."""
+    rows = _hospital_rows(90)
+    if source == "hf:folder":
+        _write_rows(tmp_path / "folder" / "train.parquet", rows)
+        source = f"hf:{tmp_path / 'folder'}"
+    else:
+        source = str(_write_rows(tmp_path / source, rows))
+    config = {"name": "h", "output_dir": str(tmp_path / "runs"),
+              "data": {"source": source, "columns": {"text": "note", "label": "outcome"}},
+              "partition": {"kind": "natural", "column": "hospital", "num_clients": 3}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert main(["partition", str(tmp_path / "c.yaml")]) == 0
+    report = tmp_path / "runs" / "h" / "partition"
+    table = (report / "partition.csv").read_text().splitlines()
+    assert table[0].endswith(",hospital") and [row.rsplit(",", 1)[1] for row in table[1:]] == ["A", "B", "C"]
+    summary = json.loads((report / "partition_summary.json").read_text())
+    assert summary["num_clients"] == 3 and summary["groups"]["hospital"]["values"] == 3
+
+
+def test_partition_column_and_the_group_role_are_one_column(tmp_path: Path) -> None:
+    """Issue 37 item 1: partition.column fills in data.columns.group (not written back: the dumped config is the
+    one written and validates to the same), a written group role may be named either way, and two different
+    columns are refused in one line."""
+    data = {"source": "x.csv", "columns": {"text": "note"}}
+    natural = {"kind": "natural", "column": "hospital", "num_clients": 3}
+    config = validate({"data": data, "partition": natural})
+    assert config.data.columns == {"text": "note", "group": "hospital"}
+    dumped = config.model_dump(mode="json")
+    assert dumped["data"]["columns"] == {"text": "note"}
+    assert validate(dumped).data.columns == config.data.columns
+    written = {**data, "columns": {"text": "note", "group": "hospital"}}
+    for column in ("hospital", "group"):
+        config = validate({"data": written, "partition": {**natural, "column": column}})
+        assert config.data.columns == config.model_dump()["data"]["columns"] == written["columns"]
+    with pytest.raises(UserError, match=r"^config error: partition.column is 'ward' but data.columns.group is "
+                                        r"'hospital'"):
+        validate({"data": written, "partition": {**natural, "column": "ward"}})
+    assert validate({"data": data, "partition": {"kind": "iid"}}).data.columns == {"text": "note"}
+    assert validate({"data": data, "partition": {**natural, "column": "group"}}).data.columns["group"] == "group"
+
+
+def test_only_the_global_test_split_is_scored_without_local_evaluation(tmp_path: Path, one_thread) -> None:
+    """Issue 37 item 7: eval.local false needs no client share of the test split, so none is made (here the
+    test file lacks hospital B, which a natural partition of it refused); with eval.local each client's test
+    share is its own hospital's, and B's client has none."""
+    _write_rows(tmp_path / "d" / "train.csv", _hospital_rows(60))
+    _write_rows(tmp_path / "d" / "test.csv", _hospital_rows(20, hospitals="AC", seed=1))
+    raw = tiny_config(tmp_path, tmp_path / "d")
+    raw["data"]["columns"] = {"text": "note", "label": "outcome"}
+    raw["partition"] = {"kind": "natural", "column": "hospital", "num_clients": 3}
+    raw["eval"]["local"] = False
+    prep = prepare(validate(raw), tmp_path)
+    assert prep.client_test == {} and len(prep.test_rows) == 20 and len(prep.client_train) == 3
+    raw["eval"]["local"] = True
+    prep = prepare(validate(raw), tmp_path)
+    hospitals = prep.loaded.splits["test"]["group"][:]
+    assert [len(prep.client_test[c]) for c in range(3)] == [hospitals.count("A"), 0, hospitals.count("C")]

@@ -133,12 +133,15 @@ def count_relayed_updates(monkeypatch) -> list[int]:
     ({"codec": "int8", "codec_block_size": 64}, {}, 1.2, False),
     ({"codec": "fp16"}, {"freeze_window": {"epsilon": 1}}, 1.05, False),  # FFDAPT: frozen blocks are not sent back
     ({"codec": "int8", "codec_block_size": 64}, {}, 1.2, True),  # parameters beside the messages, on the relay
+    ({"codec": "fp32", "aggregator": "median"}, {}, 1.05, False),  # a node that attacks, a robust server
 ])
 def test_two_fedavg_rounds_through_flower_equal_the_simulator(codec, sharing, framing, relay, tmp_path, tiny_csv,
                                                               monkeypatch, no_telemetry):
     raw = tiny_config(tmp_path, tiny_csv, clients_per_round=2, **codec)
     raw["partition"]["num_clients"] = 3
     raw["sharing"] = sharing
+    if "aggregator" in codec:  # the attack is the node's own doing: its ClientApp sends the flipped change
+        raw["attack"] = {"kind": "sign_flip", "clients": [1], "scale": 3.0}
     service, tokens = trunk_credentials(tmp_path / "relay", [0, 1, 2]) if relay else ({}, None)
     taken = count_relayed_updates(monkeypatch)
     sim, fl = run_in_simulator_and_flower(monkeypatch, validate(raw), tiny_csv, tmp_path, tokens, service)

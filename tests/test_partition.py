@@ -192,6 +192,47 @@ def test_natural_factor_gives_one_client_per_value_or_group(rich_data):
     assert partition.left_out == np.isin(values, ["g3", "g4", "g5"]).sum()
 
 
+def test_natural_factor_on_a_users_column_by_its_own_name_or_as_group():
+    """Issue 37 item 1: data.columns.group: hospital loads the column as group; the partition names it either way."""
+    hospitals = ["north", "south", "east"] * 4
+    data = PartitionInput(n=12, columns={"group": hospitals}, aliases={"hospital": "group"})
+    for column in ("hospital", "group"):
+        partition = build_partitioner({"kind": "natural", "column": column}).partition(data, 3, 0)
+        assert [hospitals[partition.client_indices(c)[0]] for c in range(3)] == ["east", "north", "south"]
+    with pytest.raises(UserError, match=r"^partition.column 'ward' is not a column of the data \(its partition "
+                                        r"columns: group, hospital\)"):
+        build_partitioner({"kind": "natural", "column": "ward"}).partition(data, 3, 0)
+
+
+def test_natural_test_split_keeps_the_training_splits_clients():
+    """Issue 37 item 1: client j holds the same hospital in the test split as in training, though the test split
+    lacks one hospital (that client has no test examples) and has one the training split lacks (left out)."""
+    train = PartitionInput(n=6, columns={"group": ["a", "b", "c", "a", "b", "c"]})
+    test = PartitionInput(n=4, columns={"group": ["c", "a", "d", "c"]})
+    partitioner = build_partitioner({"kind": "natural", "column": "group"})
+    partition = partitioner.for_test(train).partition(test, 3, 0)
+    assert partition.assignment.tolist() == [2, 0, -1, 2]
+    assert partitioner.for_test(train).for_test(test) == partitioner.for_test(train)  # its groups are kept
+
+
+def test_report_records_each_clients_group(tmp_path: Path):
+    """Issue 37 item 1: partition.csv names each client's group (by the data's own name for the column) and the
+    summary counts them; a column of one value per row (an id) is no grouping and is left out."""
+    hospitals = [f"h{i % 3}" for i in range(30)]
+    data = PartitionInput(n=30, texts=["a b c"] * 30, aliases={"hospital": "group"},
+                          columns={"group": hospitals, "id": [str(i) for i in range(30)]})
+    partition = build_partitioner({"kind": "natural", "column": "hospital"}).partition(data, 3, 0)
+    summary = write_partition_report(tmp_path, partition, data, None)
+    rows = (tmp_path / "partition.csv").read_text().splitlines()
+    assert rows[0] == "client,examples,mean_words,vocab_size,hospital"
+    assert [row.rsplit(",", 1)[1] for row in rows[1:]] == ["h0", "h1", "h2"]
+    assert summary["groups"] == {"hospital": {"values": 3, "per_client": {"mean": 1.0, "std": 0.0, "min": 1.0,
+                                                                          "max": 1.0}}}
+    iid = build_partitioner({"kind": "iid"}).partition(data, 2, 0)
+    write_partition_report(tmp_path, iid, data, None)
+    assert all(row.endswith(",h0; h1; h2") for row in (tmp_path / "partition.csv").read_text().splitlines()[1:])
+
+
 def statistics(data: PartitionInput, kind: str, clients: int) -> dict[str, np.ndarray]:
     partition = build_partitioner({"kind": kind}).partition(data, clients, seed=0)
     assert partition.left_out == 0

@@ -49,3 +49,13 @@ def test_spread_is_the_clients_local_std_when_the_headline_is_one_global_model()
     personalized = [{"round": 1, "test_accuracy_mean": 0.6, "test_accuracy_std": 0.25, "local_accuracy_std": 0.1}]
     assert summarize(personalized, "accuracy", "max")["spread (std over clients)"] == 0.25
     assert summarize(RECORDS, "accuracy", "max")["spread (std over clients)"] is None
+
+
+def test_summary_names_the_clients_a_defence_flagged_and_a_backdoors_success():
+    records = [RECORDS[0],
+               {**RECORDS[1], "defence": {"dropped": [3, 1]}, "attack_success_rate": 0.2},
+               {**RECORDS[2], "defence": {"bound": 1.0, "down_weighted": {"3": 0.1}}, "attack_success_rate": 0.1}]
+    s = summarize(records, "accuracy", "max")
+    assert s["flagged by the aggregator"] == "3 (2/2 rounds), 1 (1/2 rounds)"
+    assert (s["final attack success"], s["max attack success"]) == (0.1, 0.2)
+    assert "flagged by the aggregator" not in summarize(RECORDS, "accuracy", "max")

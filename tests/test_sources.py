@@ -479,3 +479,101 @@ def test_missing_data_dir_says_where_it_looked_and_the_hub_source(
     assert str(default) in message and "../shared/data" in message and "does not exist" in message
     assert "--data-dir" in message and "hf:Salesforce/wikitext:wikitext-2-v1" in message
     assert load_source(str(_write(empty / "c.txt", "a\nb\n")), default).kind == "lm"
+
+
+# ---------------------------------------------------------------------------------------------- issue 37
+
+
+def _table(n: int = 40) -> dict[str, list]:
+    """Typed columns as a Parquet file keeps them: text, an integer label, a site per row."""
+    return {"review": [f"review number {i}" for i in range(n)], "stars": [i % 2 for i in range(n)],
+            "site": [f"s{i % 3}" for i in range(n)]}
+
+
+def _parquet(path: Path, table: dict[str, list]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(table), path)
+    return path
+
+
+def test_parquet_is_read_directly(tmp_path: Path) -> None:
+    """Issue 37 item 8: a .parquet file, data.format parquet, a folder of parquet split files and hf: on a folder
+    or a single file of them all read the same rows."""
+    columns = {"text": "review", "label": "stars", "group": "site"}
+    path = _parquet(tmp_path / "data.parquet", _table())
+    loaded = load_source(str(path), tmp_path, columns=columns, task="auto")
+    assert loaded.kind == "classification" and loaded.label_names == ["0", "1"]
+    assert loaded.splits["train"].column_names == ["text", "label", "group"]
+    assert sum(ds.num_rows for ds in loaded.splits.values()) == 40
+    renamed = path.rename(tmp_path / "data.bin")
+    assert load_source(str(renamed), tmp_path, columns=columns, file_format="parquet").splits.keys() == {"train",
+                                                                                                          "test"}
+    folder = tmp_path / "pq"
+    _parquet(folder / "train.parquet", _table(30))
+    _parquet(folder / "test.parquet", _table(6))
+    local = load_source(str(folder), tmp_path, columns=columns)
+    hub = load_source(f"hf:{folder}", tmp_path, columns=columns)
+    for split in ("train", "test"):
+        assert hub.splits[split].to_dict() == local.splits[split].to_dict()
+    one = load_source(f"hf:{folder / 'train.parquet'}", tmp_path, columns=columns)
+    assert one.splits["train"].num_rows + one.splits["test"].num_rows == 30
+    assert "parquet" in _error(str(_write(tmp_path / "data.xyz", "x\n")), tmp_path)
+    broken = _write(tmp_path / "broken.parquet", "not parquet at all\n")
+    message = _error(str(broken), tmp_path)
+    assert message.startswith(f"cannot read {broken} as Parquet")
+
+
+def test_the_group_role_keeps_a_users_column(tmp_path: Path) -> None:
+    """Issue 37 item 1: data.columns.group loads the user's own column as the dataset's group column (only when
+    mapped: a stray column called group changes nothing), sources with columns of their own ignore a mapping of
+    the group alone (a natural partition's), and a row without a group is refused by name."""
+    path = _write(tmp_path / "h.csv", "note,hospital,label\n" + "".join(
+        f"note {i},{'AB'[i % 2]},{'xy'[i % 3 % 2]}\n" for i in range(20)))
+    loaded = load_source(str(path), tmp_path, columns={"text": "note", "group": "hospital"})
+    assert loaded.group_column == "hospital"
+    assert set(loaded.splits["train"]["group"]) == {"A", "B"} and "label" in loaded.splits["train"].column_names
+    by_name = _write(tmp_path / "g.csv", "text,group\n" + "".join(f"t {i},{i % 2}\n" for i in range(10)))
+    assert "group" not in load_source(str(by_name), tmp_path).splits["train"].column_names
+    named = load_source(str(by_name), tmp_path, columns={"group": "group"})
+    assert named.group_column is None and set(named.splits["train"]["group"]) <= {"0", "1"}
+    text = _write(tmp_path / "t.txt", "one\ntwo\nthree\n")
+    assert load_source(str(text), tmp_path, columns={"group": "site"}).splits["train"].column_names == ["text"]
+    jsonl = _write(tmp_path / "h.jsonl", "".join(json.dumps({"text": f"t {i}", "site": None if i == 3 else i})
+                                                 + "\n" for i in range(10)))
+    message = _error(str(jsonl), tmp_path, columns={"group": "site"})
+    assert message == f"{jsonl} line 4: the group (column 'site') is missing; give every row a group name"
+
+
+def test_one_class_of_labels_names_the_file_and_the_column(tmp_path: Path) -> None:
+    """Issue 37 item 9: one class is refused where the labels are read, not by the model ('num_labels >= 2')."""
+    path = _write(tmp_path / "one.csv", "body,verdict\n" + "".join(f"text {i},yes\n" for i in range(20)))
+    columns = {"text": "body", "label": "verdict"}
+    for task in ("auto", "classification"):
+        message = _error(str(path), tmp_path, columns=columns, task=task)
+        assert message.startswith(f"{path} (label column 'verdict') has one class ('yes') in all 20 rows")
+    assert load_source(str(path), tmp_path, columns=columns, task="mlm").kind == "classification"
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    _write(folder / "train.csv", path.read_text())
+    assert "(label column 'verdict') has one class" in _error(f"hf:{folder}", tmp_path, columns=columns)
+
+
+def test_many_empty_texts_warn_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 37 item 9: a tenth of the texts empty is one warning naming the file, the column and the count."""
+    import logging
+
+    def warnings(empty: int) -> list[str]:
+        rows = "".join(f"{'' if i < empty else f'text {i}'},{'ab'[i % 2]}\n" for i in range(100))
+        path = _write(tmp_path / f"e{empty}.csv", "body,label\n" + rows)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fedlm"):
+            load_source(str(path), tmp_path, columns={"text": "body"})
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+    assert warnings(9) == []
+    lines = warnings(12)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"{tmp_path / 'e12.csv'}: 12 of 100 rows (12%) have an empty text in column 'body'")

@@ -29,11 +29,12 @@ from fedlm.run.grid import run_config
 from fedlm.run.placement import Sharded
 from tests.conftest import tiny_config
 
-# what each run of the grid changes: every strategy family the round loop folds (linear sums, a server optimizer,
-# clipped and noised sums, clients' local states, adapters, partial uploads, a masked LM's random masks)
+# what each run of the grid changes: every strategy family the round loop folds (linear sums, a robust rule under a
+# server optimizer, clipped and noised sums, clients' local states, adapters, partial uploads, a masked LM's masks)
 METHODS = [
     {"label": "fedavg"},
-    {"label": "fedopt", "protocol.kind": "fedopt", "protocol.server_optimizer": "adam", "protocol.server_lr": 0.01},
+    {"label": "fedopt", "protocol.kind": "fedopt", "protocol.server_optimizer": "adam", "protocol.server_lr": 0.01,
+     "protocol.aggregator": "median"},  # a rule that holds every update: the workers gather them
     {"label": "critical", "sharing.critical_layer": 1, "sharing.local_store": "disk"},  # rank 0 on disk
     {"label": "client-dp", "privacy.kind": "client", "privacy.clip": 0.5, "privacy.noise_multiplier": 0.3},
     {"label": "lora", "adapter": {"kind": "lora", "r": 4, "target_modules": ["query", "value"]},

@@ -34,6 +34,7 @@ from fedlm.config.partition import (
 )
 from fedlm.config.sections import (
     AdapterConfig,
+    AttackConfig,
     DataConfig,
     EvalConfig,
     FreezeWindowConfig,
@@ -48,6 +49,7 @@ from fedlm.config.sections import (
 
 __all__ = [
     "AdapterConfig",
+    "AttackConfig",
     "ClusteredPartitionConfig",
     "DataConfig",
     "EvalConfig",

@@ -20,6 +20,7 @@ from fedlm.config.dp_support import SAMPLE_DP
 from fedlm.config.partition import IidPartitionConfig, PartitionConfig, PartitionSection
 from fedlm.config.sections import (
     AdapterConfig,
+    AttackConfig,
     DataConfig,
     EvalConfig,
     GenerationConfig,
@@ -57,6 +58,8 @@ class ExperimentConfig(Section):
                           "model")
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig, description="differential privacy: client-level "
                                    "DP-FedAvg or sample-level DP-SGD, with epsilon reported every round")
+    attack: AttackConfig = Field(default_factory=AttackConfig, description="malicious clients (scaled, sign-flipped "
+                                 "or noise updates; flipped labels; a backdoor), to measure a defence")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="seq2seq decoding")
     checkpoint_every: int = Field(1, ge=1)
@@ -75,6 +78,11 @@ class ExperimentConfig(Section):
     def _check(self) -> ExperimentConfig:
         if self.model.preset is None and self.model.checkpoint is None:
             raise ValueError("model: set model.preset (tiny/small/base) or model.checkpoint")
+        if self.model.checkpoint is not None and "preset" not in self.model.model_fields_set:
+            # The default preset does not apply to a checkpoint: only a preset written out sizes a fresh model
+            # (the checkpoint then lends just its tokenizer). Written out as null, so a dumped config reads back
+            # the same.
+            self.model.preset = None
         if self.split is not None:
             if self.protocol.kind != "fedavg":
                 raise ValueError(f"split learning averages with FedAvg; protocol.kind is {self.protocol.kind!r} "
@@ -107,9 +115,42 @@ class ExperimentConfig(Section):
             raise ValueError("downstream fine-tuning starts from a whole saved model, but with an adapter the run "
                              "saves the adapter; remove downstream or the adapter section")
         self._check_privacy()
+        self._check_attack()
+        self._load_partition_column()
         if not self.name.strip(". "):
             raise ValueError(f"name = {self.name!r} would write outside output_dir; give the run a name")
         return self
+
+    def _load_partition_column(self) -> None:
+        """A natural partition on a column of the user's data loads that column as the group role, so that
+        ``partition.column: hospital`` alone is enough; a written data.columns.group may be named by its column or
+        as ``group``. (Sources with columns of their own ignore the implied role: see data.sources.group_only.)"""
+        part = self.partition
+        if part.kind != "natural":
+            return
+        given = self.data.written_column("group")
+        if given is None:
+            self.data.imply_column("group", part.column)
+        elif part.column not in (given, "group"):
+            raise ValueError(f"partition.column is {part.column!r} but data.columns.group is {given!r}: a natural "
+                             f"partition splits on the group column; set partition.column: group (or {given}), "
+                             "or remove data.columns.group")
+
+    def _check_attack(self) -> None:
+        """Attackers must exist, and train as FedAvg-family clients (a split client's parts are not a model update)."""
+        attack = self.attack
+        if attack.kind == "none":
+            return
+        if attack.clients is not None and max(attack.clients) >= self.num_clients():
+            missing = sorted(c for c in attack.clients if c >= self.num_clients())
+            raise ValueError(f"attack.clients names client(s) {missing}, but the run has clients 0 to "
+                             f"{self.num_clients() - 1}: name existing clients or use attack.fraction")
+        if self.split is not None:
+            raise ValueError("attack is for the FedAvg family's clients, not split learning: remove the attack or "
+                             "the split section")
+        if not self.protocol.traits.averages_updates:
+            raise ValueError(f"attack needs clients whose updates the server combines; protocol.kind "
+                             f"{self.protocol.kind} has none: use fedavg, fedprox or fedopt")
 
     def _check_privacy(self) -> None:
         """What each kind of DP runs with: client level needs a server average to noise, sample level Opacus'
@@ -120,6 +161,11 @@ class ExperimentConfig(Section):
         if self.split is not None:
             raise ValueError(f"privacy.kind {kind} is not offered for split learning (the trunk sees activations, "
                              "not updates); remove the split section or set privacy.kind none")
+        if kind == "client" and self.protocol.aggregator != "mean":
+            raise ValueError(f"privacy.kind client bounds what one client can change in the clipped mean it noises; "
+                             f"protocol.aggregator {self.protocol.aggregator} would take another statistic whose "
+                             "guarantee fedlm does not account: use aggregator mean (its clipping already bounds "
+                             "each client), or privacy.kind sample")
         if kind == "client" and not self.protocol.traits.averages_updates:
             raise ValueError(f"privacy.kind client noises the server's average of client updates, and protocol.kind "
                              f"{self.protocol.kind} has none; use fedavg, fedprox or fedopt, or privacy.kind sample")

@@ -9,7 +9,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -22,11 +25,31 @@ class Section(BaseModel):
 
 class DataConfig(Section):
     source: str = Field(description="named dataset (e.g. glue/sst2) or a local file/directory path")
-    columns: dict[str, str] | None = None
-    format: Literal["csv", "tsv", "jsonl", "json", "txt"] | None = None
+    columns: dict[str, str] | None = Field(
+        None, description="role -> the data's column: text, text_pair, label, target (seq2seq), group (the silo "
+                          "of each row, for partition.kind natural; partition.column fills it in)")
+    format: Literal["csv", "tsv", "jsonl", "json", "txt", "parquet"] | None = None
     test_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     max_train_examples: int | None = Field(None, ge=1)
     max_test_examples: int | None = Field(None, ge=1)
+    _implied: set[str] = PrivateAttr(default_factory=set)  # column roles another section filled in
+
+    def imply_column(self, role: str, column: str) -> None:
+        """Load ``column`` as ``role`` because another section names it (a natural partition's column): it is
+        loaded, but not dumped, so a dumped config says what was written and validates to the same again."""
+        self.columns = {**(self.columns or {}), role: column}
+        self._implied.add(role)
+
+    def written_column(self, role: str) -> str | None:
+        """The column the config itself maps ``role`` to (not one implied by another section)."""
+        return None if role in self._implied else (self.columns or {}).get(role)
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped = handler(self)
+        if self._implied and dumped.get("columns"):
+            dumped["columns"] = {k: v for k, v in dumped["columns"].items() if k not in self._implied} or None
+        return dumped
 
 
 class ModelConfig(Section):
@@ -94,6 +117,15 @@ class ProtocolConfig(Section):
     min_clients: int = Field(1, ge=1, description="fewest reporting clients for a round to count")
     max_retries: int = Field(2, ge=0, description="re-runs of a round that got too few reports")
     client_timeout_s: float | None = Field(None, gt=0.0)
+    aggregator: Literal["mean", "median", "trimmed_mean", "krum", "norm_bound"] = Field(
+        "mean", description="how the round's updates become one: FedAvg's weighted mean, or a robust rule "
+        "(coordinate median, trimmed mean, Multi-Krum, norm bounding) that fedprox / fedopt build on alike")
+    trim_beta: float = Field(0.1, ge=0.0, lt=0.5, description="trimmed_mean: share of values cut at each end")
+    krum_f: int = Field(1, ge=0, description="krum: malicious clients tolerated (needs clients per round > 2f + 2)")
+    krum_m: int = Field(1, ge=1, description="krum: updates kept and averaged (1: Krum, more: Multi-Krum)")
+    norm_bound: float | None = Field(
+        None, gt=0.0, description="norm_bound: each update's change scaled to at most this L2 norm (null: the "
+        "round's median change norm)")
     max_update_growth: float | None = Field(
         1000.0, gt=1.0, description="refuse a report with a tensor this many times the global model's scale "
         "(root mean square, at least 0.01): a scaled-up attack or a broken client; null: accept any finite report")
@@ -110,6 +142,9 @@ class ProtocolConfig(Section):
     def _block_size_needs_int8(self) -> ProtocolConfig:
         if self.codec_block_size is not None and self.codec != "int8":
             raise ValueError(f"codec_block_size is for codec int8 (codec is {self.codec}); remove it or use int8")
+        if self.aggregator != "mean" and not self.traits.averages_updates:
+            raise ValueError(f"aggregator {self.aggregator} combines several clients' updates, and kind "
+                             f"{self.kind} has none to combine; use kind fedavg, fedprox or fedopt")
         return self
 
 
@@ -230,3 +265,32 @@ class EvalConfig(Section):
     headline: Literal["test", "local"] = Field(
         "test", description="score runs by the shared test split, or by the clients' means on their local splits")
     max_answer_length: int = Field(30, ge=1, description="qa: the longest answer span predicted, in tokens")
+
+
+class AttackConfig(Section):
+    """Malicious clients, so a defence is measured rather than claimed: what they do (fedlm.federation.attacks)
+    and who they are. The attack is the clients' own doing, in simulation and on a Flower node alike."""
+
+    kind: Literal["none", "scale", "sign_flip", "noise", "label_flip", "backdoor"] = Field(
+        "none", description="scale | sign_flip | noise (what a client uploads) | label_flip | backdoor (its data)")
+    fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of the clients that attack, drawn with the seed")
+    clients: list[int] | None = Field(None, description="the attacking client ids (instead of fraction)")
+    scale: float | None = Field(None, gt=0.0, description="scale: the change times this (default 10); sign_flip: "
+                                                          "times minus this (default 1)")
+    noise_std: float = Field(1.0, gt=0.0, description="noise: the std of the noise sent in place of the change")
+    trigger: str = Field("cf mn bb", min_length=1, description="backdoor: the phrase put into poisoned examples")
+    target_label: int = Field(0, ge=0, description="backdoor: the label poisoned examples get")
+    poison_share: float = Field(0.5, gt=0.0, le=1.0, description="backdoor: share of an attacker's examples "
+                                                                 "poisoned")
+
+    @model_validator(mode="after")
+    def _someone_attacks(self) -> AttackConfig:
+        if self.kind != "none" and self.clients is None and self.fraction == 0:
+            raise ValueError(f"kind {self.kind} needs attackers: set fraction (in (0, 1)) or clients")
+        if self.clients is not None and (not self.clients or min(self.clients) < 0):
+            raise ValueError(f"clients = {self.clients}: give client ids >= 0, or use fraction")
+        return self
+
+    def factor(self) -> float:
+        """The multiplier of scale / sign_flip (their defaults differ: boosting vs. a plain flip)."""
+        return self.scale if self.scale is not None else (10.0 if self.kind == "scale" else 1.0)

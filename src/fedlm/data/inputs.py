@@ -30,5 +30,7 @@ def partition_input(loaded: LoadedData, split: str) -> PartitionInput:
     ds = loaded.splits[split]
     labels, _ = partition_labels(loaded, split)
     extra = {name: ds[name][:] for name in ds.column_names if name not in _MODEL_COLUMNS}
+    # data.columns.group: hospital -> the group column answers to 'hospital' too
+    aliases = {loaded.group_column: "group"} if loaded.group_column and "group" in extra else None
     return PartitionInput(n=len(ds), labels=labels, texts=ds["text"][:], columns=extra or None,
-                          fingerprint=f"{loaded.fingerprint}:{split}")
+                          fingerprint=f"{loaded.fingerprint}:{split}", aliases=aliases)

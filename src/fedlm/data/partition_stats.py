@@ -1,4 +1,6 @@
-"""Per-client statistics of a partition: the table, the spreads, and the report that writes them."""
+"""Per-client statistics of a partition: the table, the spreads, and the report that writes them.  Each client's
+groups (the values of the data's extra columns, such as the ``group`` a natural partition splits on) are in the
+table too, so a natural partition says which hospital or site each client is."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from fedlm.data.partition.words import client_means, client_vocab_sizes, word_ma
 
 SCORE_BINS = 10
 HEATMAP_CLIENTS = 100
+GROUPS_SHOWN = 5  # a client's distinct group values listed in partition.csv; more are counted
 
 
 def label_classes(labels: np.ndarray, label_names: list[str] | None) -> tuple[np.ndarray, list[str]]:
@@ -74,15 +77,40 @@ def client_statistics(partition: Partition, data: PartitionInput) -> dict[str, n
     return stats
 
 
-def _csv_rows(stats: dict[str, np.ndarray], fractions: np.ndarray | None, names: list[str]) -> list[list]:
-    """One row per client: the statistics, then the label distribution."""
+def client_groups(partition: Partition, values: Any) -> list[list[str]]:
+    """Each client's distinct values of a column (as text, sorted): one per client for a natural partition."""
+    unique, inverse = np.unique(np.asarray(values).astype(str), return_inverse=True)
+    kept = partition.assignment >= 0
+    pairs = np.unique(partition.assignment[kept].astype(np.int64) * unique.size + inverse[kept])
+    clients, codes = np.divmod(pairs, max(unique.size, 1))
+    offsets = np.searchsorted(clients, np.arange(partition.num_clients + 1))
+    return [unique[codes[lo:hi]].tolist() for lo, hi in itertools.pairwise(offsets)]
+
+
+def group_columns(partition: Partition, data: PartitionInput) -> dict[str, list[list[str]]]:
+    """The clients' groups of every extra column that groups examples (not an id column: one value a row),
+    by the column's shown name."""
+    return {data.shown_name(name): client_groups(partition, values) for name, values in data.column_items()
+            if len(values) < 2 or len(set(map(str, values))) < len(values)}
+
+
+def _groups_cell(values: list[str]) -> str:
+    shown = "; ".join(values[:GROUPS_SHOWN])
+    return shown + (f"; ... (+{len(values) - GROUPS_SHOWN} more)" if len(values) > GROUPS_SHOWN else "")
+
+
+def _csv_rows(stats: dict[str, np.ndarray], fractions: np.ndarray | None, names: list[str],
+              groups: dict[str, list[list[str]]] | None = None) -> list[list]:
+    """One row per client: the statistics, the label distribution, then the client's groups."""
+    groups = groups or {}
     rows = []
     for client in range(stats["examples"].size):
         row: list[Any] = [client, *(_csv_value(values[client]) for values in stats.values())]
         if fractions is not None:
             row += [f"{x:.4f}" for x in fractions[client]]
+        row += [_groups_cell(per_client[client]) for per_client in groups.values()]
         rows.append(row)
-    return [["client", *stats, *(f"label_{name}" for name in names)], *rows]
+    return [["client", *stats, *(f"label_{name}" for name in names), *groups], *rows]
 
 
 def _csv_value(value: float) -> str:
@@ -118,7 +146,8 @@ def write_partition_report(
     out_dir: Path, partition: Partition, data: PartitionInput, label_names: list[str] | None
 ) -> dict:
     """Write partition.csv, partition_summary.json and the PNGs (label heatmap, JS heatmap, size
-    histogram) to ``out_dir``; return the summary."""
+    histogram) to ``out_dir``; return the summary (with, per group column, how many values there are and
+    how many each client holds: partition.csv names them)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stats = client_statistics(partition, data)
     summary: dict[str, Any] = {
@@ -132,6 +161,13 @@ def write_partition_report(
     if data.labels is not None and len(data.labels):
         fractions, names, js = label_section(out_dir, partition, np.asarray(data.labels), label_names)
         summary["statistics"]["js_to_overall"] = js
-    _write_csv(out_dir / "partition.csv", _csv_rows(stats, fractions, names))
+    groups = group_columns(partition, data)
+    if groups:
+        summary["groups"] = {
+            name: {"values": len({v for values in per_client for v in values}),
+                   "per_client": spread(np.array([len(values) for values in per_client], dtype=np.float64))}
+            for name, per_client in groups.items()
+        }
+    _write_csv(out_dir / "partition.csv", _csv_rows(stats, fractions, names, groups))
     (out_dir / "partition_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary

@@ -20,6 +20,7 @@ from typing import TypeVar
 import torch
 
 from fedlm.errors import UserError
+from fedlm.federation.attacks import Attack
 from fedlm.federation.codecs import Codec
 from fedlm.federation.executor import ClientFailure, ClientJob, ClientReport
 from fedlm.federation.local_training import ClientTimeout, train_locally
@@ -119,9 +120,10 @@ def refuse_non_finite(update: NamedTensors) -> None:
 
 def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: ClientJob, codec: Codec,
                local_state: NamedTensors | None, local_names: list[str], *,
-               on_step: Callable[[], None] | None = None) -> tuple[ClientReport, NamedTensors]:
+               on_step: Callable[[], None] | None = None,
+               attack: Attack | None = None) -> tuple[ClientReport, NamedTensors]:
     """Run one client's round; returns what it uploads and its new local state. ``on_step`` is called after
-    each local step (progress)."""
+    each local step (progress); ``attack``, if this client mounts it, changes what it uploads."""
     received = codec.decode(job.params)
     load_into(model, received)
     if local_state:
@@ -134,6 +136,8 @@ def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: Cl
         metrics = train_locally(model, task, rows, job.settings, seed=job.seed, anchor=anchor, deadline=deadline,
                                 on_step=on_step)
     shared = finite_update(model, trained, metrics)
+    if attack is not None:
+        shared = attack.corrupt(job.client_id, received, shared, job.seed)
     encoded = codec.encode(shared)
     update = ClientUpdate(job.client_id, len(rows), codec.decode(encoded), metrics)
     local = snapshot(model, local_names) if local_names else {}

@@ -25,7 +25,7 @@ from fedlm.federation.params import NamedTensors
 from fedlm.federation.records import Boundary, FailedRound, RoundRecord, Suspect
 from fedlm.federation.screening import Growth, UpdateScreen
 from fedlm.federation.sharing import SharingPolicy
-from fedlm.federation.strategies.base import Aggregation, ClientUpdate, Strategy, sample_clients
+from fedlm.federation.strategies.base import Aggregation, Audited, ClientUpdate, Strategy, sample_clients
 
 log = logging.getLogger("fedlm")
 
@@ -178,6 +178,10 @@ class RoundEngine:
         if aggregation is not None:
             global_params = {**aggregation.result(), **self.executor.server_params()}
         record = self._round_record(round_idx, tally, failures, (download_bytes, download_meta), sent.total_bytes)
+        record.update_norms = {str(u.client_id): tally.growth[u.client_id].change for u in tally.reported
+                               if u.client_id in tally.growth}
+        if isinstance(aggregation, Audited):
+            record.defence = aggregation.audit()
         record.train_s = train_s
         record.ledger = self.strategy.account(round_idx, tally.reported)
         if self._due(round_idx, self.plan.eval_every) and self.hooks.evaluate is not None:

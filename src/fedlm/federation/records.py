@@ -41,6 +41,8 @@ class RoundRecord:
     bytes_down_meta: int = 0  # the codec's scale metadata within the parameters
     bytes_up_meta: int = 0
     boundary: Boundary | None = None
+    update_norms: dict[str, float] = field(default_factory=dict)  # each report's change ||w_k - w||, by client
+    defence: dict[str, Any] = field(default_factory=dict)  # whom a robust rule dropped or down-weighted
     train_s: float | None = None  # the clients' share of the round's wall time
     ledger: dict[str, Any] = field(default_factory=dict)  # the strategy's accounting (dp_epsilon, ...)
     scores: dict[str, Any] = field(default_factory=dict)  # the evaluation's (test_accuracy, local_..., ...)
@@ -55,6 +57,10 @@ class RoundRecord:
         if self.boundary is not None:
             out.update({"bytes_up_boundary": self.boundary.up, "bytes_down_boundary": self.boundary.down,
                         "bytes_by_client": self.boundary.by_client})
+        if self.update_norms:
+            out["update_norms"] = dict(self.update_norms)
+        if self.defence:
+            out["defence"] = dict(self.defence)
         if self.train_s is not None:
             out["train_s"] = self.train_s
         out.update(self.ledger)

@@ -31,10 +31,12 @@ def _rms(tensors: list[torch.Tensor]) -> list[float]:
 
 @dataclass(frozen=True)
 class Growth:
-    """How far a report's tensors grew past the global model's scale: the worst tensor and its factor."""
+    """How far a report's tensors grew past the global model's scale (the worst tensor and its factor), and how
+    far the report moved the model (the L2 norm of its change, which the round's record keeps per client)."""
 
     tensor: str
     factor: float  # NaN or Inf when the report holds them
+    change: float = 0.0  # ||w_k - w|| over the floating tensors it sent
 
 
 @dataclass(frozen=True)
@@ -44,21 +46,24 @@ class UpdateScreen:
 
     reference: dict[str, float]
     limit: float | None
+    current: NamedTensors  # the global parameters the round started from
 
     @classmethod
     def of(cls, global_params: NamedTensors, limit: float | None) -> UpdateScreen:
         names = [n for n, t in global_params.items() if t.is_floating_point()]
         scales = _rms([global_params[n] for n in names])
-        return cls({n: max(s, SCALE_FLOOR) for n, s in zip(names, scales, strict=True)}, limit)
+        return cls({n: max(s, SCALE_FLOOR) for n, s in zip(names, scales, strict=True)}, limit, global_params)
 
     def growth(self, params: NamedTensors) -> Growth | None:
-        """The tensor of ``params`` that grew most past its reference scale; None if none is screened."""
+        """The tensor of ``params`` that grew most past its reference scale, and the norm of the change;
+        None if no tensor is screened."""
         names = [n for n in params if n in self.reference]
         if not names:
             return None
         factors = [s / self.reference[n] for n, s in zip(names, _rms([params[n] for n in names]), strict=True)]
         worst = max(range(len(names)), key=lambda i: factors[i] if math.isfinite(factors[i]) else math.inf)
-        return Growth(names[worst], factors[worst])
+        change = torch.stack([torch.dist(params[n].float(), self.current[n].float()) for n in names]).norm()
+        return Growth(names[worst], factors[worst], float(change))
 
     def refusal(self, growth: Growth | None) -> str | None:
         """Why a report with ``growth`` is refused, or None if it passes (NaN counts as past any limit)."""

@@ -144,7 +144,7 @@ class ClientRuntime:
 
     @staticmethod
     def _fit(prep: Prepared, job: ClientJob, codec: KeepUpload, own: int) -> tuple[ClientReport, Encoded]:
-        report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [])
+        report, _ = fit_client(prep.model, prep.task, prep.client_train[own], job, codec, None, [], attack=prep.attack)
         if codec.upload is None:
             raise RuntimeError("fit_client encoded no upload")
         return report, codec.upload

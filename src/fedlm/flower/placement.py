@@ -60,6 +60,10 @@ class FlowerPlacement:
             raise UserError("this protocol keeps parameters on the clients, which the server needs for "
                             "evaluation; run it in simulation, not through Flower")
         if self.secure is not None:
+            if clients.prep.config.protocol.aggregator != "mean":
+                raise UserError(f"protocol.aggregator {clients.prep.config.protocol.aggregator} needs each client's "
+                                "update, and secure aggregation shows the server only their sum: use aggregator "
+                                "mean, or set secure-aggregation=false")
             sizes = {cid: len(rows) for cid, rows in clients.prep.client_train.items()}
             return SecureFlowerExecutor(self.grid, self.nodes, clients.codec, self.experiment, self.secure, sizes,
                                         timeout_s=self.timeout_s, observer=clients.observer, grace_s=self.grace_s)

@@ -70,6 +70,8 @@ class Evaluator:
         else:
             load_into(self.prep.model, global_params)
             out.update({f"test_{k}": v for k, v in self._score(self.prep.test_rows).items()})
+            if self.prep.triggered_test:  # a backdoor's success: triggered test examples given the target label
+                out["attack_success_rate"] = self._score(self.prep.triggered_test)["accuracy"]
         if self.local:
             per_client = {}
             for cid in clients:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from fedlm.errors import UserError
+from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import Codec
 from fedlm.federation.collective import LOCAL, Collective
 from fedlm.federation.executor import Executor
@@ -79,8 +81,9 @@ class Simulation:
     def in_process(self, clients: RunClients) -> InProcessExecutor:
         """The FedAvg family's executor: the clients trained in this process, one after another."""
         prep = clients.prep
+        fit = fit_client if prep.attack is None else partial(fit_client, attack=prep.attack)
         return self.executor_class(prep.model, prep.task, prep.client_train, clients.codec, clients.store,
-                                   clients.policy.local_names, observer=clients.observer)
+                                   clients.policy.local_names, fit_fn=fit, observer=clients.observer)
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ from fedlm.data.inputs import partition_input, partition_labels  # noqa: F401 (p
 from fedlm.data.partition import Partition, PartitionInput, build_partitioner, holdout_split, partition_cached
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
+from fedlm.federation.attacks import Attack
 from fedlm.models.adapters import Adapter, apply_adapter
 from fedlm.models.build import build_model, build_tokenizer, check_max_length
 from fedlm.models.device import check_precision, resolve_device
 from fedlm.models.presets import is_decoder_family
+from fedlm.run.attack_setup import set_up_attack
 from fedlm.tasks import MaskedLMTask, Task, get_task
 
 
@@ -87,6 +89,8 @@ class Prepared:
     train_input: PartitionInput
     partition_sizes: dict[str, list[int]] = field(default_factory=dict)
     adapter: Adapter | None = None  # with one, ``model`` holds it and only its weights (+ head) train
+    attack: Attack | None = None  # the ``attack`` section: its clients' rows are poisoned already
+    triggered_test: list[dict] = field(default_factory=list)  # a backdoor's test rows (its success rate)
 
 
 def split_rows(task: Task, ds: datasets.Dataset, part: Partition, tokenizer: PreTrainedTokenizerBase,
@@ -125,17 +129,19 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     if partitioner.holdout > 0:  # local test splits carved from each client's own training share
         train_part, test_part = holdout_split(train_part, partitioner.holdout, config.seed)
         local_test_source = train
-    else:  # the test split partitioned with the same seed: each client's label mix matches its train share
-        test_input = partition_input(loaded, "test")
+    else:  # the test split partitioned with the same seed: each client's label mix matches its train share;
+        # without local evaluation only the global test split is scored, and no client needs a share of it
         test_part = None
-        if test_input.n >= n_clients:
-            test_part = partition_cached(partitioner, test_input, n_clients, config.seed, cache_dir)
-        elif config.eval.local and config.protocol.traits.evaluates_clients:
-            raise UserError(f"the test split has {test_input.n} examples, fewer than the {n_clients} clients that "
-                            f"each need a share of it for eval.local (the training data has {train_input.n}); set "
-                            "eval.local: false (the global test split is scored either way), lower "
-                            "partition.num_clients, or set partition.holdout to carve each client's local test "
-                            "examples from its training share")
+        if config.eval.local and config.protocol.traits.evaluates_clients:
+            test_input = partition_input(loaded, "test")
+            if test_input.n < n_clients:
+                raise UserError(f"the test split has {test_input.n} examples, fewer than the {n_clients} clients "
+                                f"that each need a share of it for eval.local (the training data has "
+                                f"{train_input.n}); set eval.local: false (the global test split is scored either "
+                                "way), lower partition.num_clients, or set partition.holdout to carve each "
+                                "client's local test examples from its training share")
+            test_part = partition_cached(partitioner.for_test(train_input), test_input, n_clients, config.seed,
+                                         cache_dir)
         local_test_source = loaded.splits["test"]
     texts = train["text"][:] + [t for c in ("text_pair", "target") if c in train.column_names for t in train[c][:]]
     tokenizer = build_tokenizer(config.model.checkpoint, config.model.family, texts,
@@ -153,12 +159,16 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     test_rows = task.preprocess(loaded.splits["test"], tokenizer, max_len).to_list()
     train_rows = task.preprocess(train, tokenizer, max_len).to_list() if task.row_wise else None
     client_train = split_rows(task, train, train_part, tokenizer, max_len, train_rows)
-    if test_part is None:  # fewer test examples than clients, and no local evaluation: the global test split only
+    if test_part is None:  # no local evaluation: the global test split only
         client_test: dict[int, list[dict]] = {}
     else:
         whole = (test_rows if local_test_source is loaded.splits["test"] else train_rows) if task.row_wise else None
         client_test = split_rows(task, local_test_source, test_part, tokenizer, max_len, whole)
+    attacked = set_up_attack(config, task_name, loaded.label_names, tokenizer, client_train, test_rows)
+    if attacked is not None:
+        client_train = attacked.client_train
     return Prepared(
+        attack=attacked.attack if attacked else None, triggered_test=attacked.triggered_test if attacked else [],
         config=config, loaded=loaded, task_name=task_name, task=task, tokenizer=tokenizer, model=model,
         client_train=client_train, client_test=client_test, test_rows=test_rows,
         partition_sizes={"train": train_part.sizes().tolist(),

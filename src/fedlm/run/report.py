@@ -156,7 +156,30 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
         "train s/round": _mean([r["train_s"] for r in records if r.get("round", 0) > 0 and "train_s" in r]),
         **reached,
         **_privacy(records),
+        **_attack_success(records),
+        **_flagged(records),
     }
+
+
+def _flagged(records: Sequence[dict[str, Any]], shown: int = 3) -> dict[str, Any]:
+    """The clients a robust rule dropped or down-weighted in most rounds ('3 (5/5 rounds), ...'), {} if none: who
+    looked malicious to the defence. Per round, ``defence`` and ``update_norms`` in metrics.jsonl say more."""
+    defended = [r["defence"] for r in records if isinstance(r.get("defence"), dict)]
+    counts: dict[str, int] = {}
+    for defence in defended:
+        for client in {*map(str, defence.get("dropped", [])), *defence.get("down_weighted", {})}:
+            counts[client] = counts.get(client, 0) + 1
+    if not counts:
+        return {}
+    top = sorted(counts, key=lambda c: (-counts[c], int(c)))[:shown]
+    return {"flagged by the aggregator": ", ".join(f"{c} ({counts[c]}/{len(defended)} rounds)" for c in top)}
+
+
+def _attack_success(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A backdoor's final and best success rate (share of triggered test examples given its target), {} without
+    one: beside the clean headline, what a defence let through."""
+    rates = [r["attack_success_rate"] for r in records if r.get("round", 0) > 0 and "attack_success_rate" in r]
+    return {"final attack success": rates[-1], "max attack success": max(rates)} if rates else {}
 
 
 def _privacy(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 
 from fedlm.config import ExperimentConfig, ProtocolConfig
 from fedlm.data.partition_stats import write_partition_report
-from fedlm.errors import RunStopped
+from fedlm.errors import RunStopped, UserError
 from fedlm.federation.codecs import Codec, get_codec
 from fedlm.federation.collective import Collective
 from fedlm.federation.dp_sgd import refuse_unsupported
@@ -28,7 +28,7 @@ from fedlm.federation.privacy import PrivacySpec, with_privacy
 from fedlm.federation.records import FailedRound, RoundRecord
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.store import STATES_DIR, ClientStore, make_client_store
-from fedlm.federation.strategies import Strategy, build_strategy
+from fedlm.federation.strategies import Strategy, build_strategy, rule_minimum
 from fedlm.run.checkpoint import Checkpoint, checkpointer, load_checkpoint
 from fedlm.run.downstream import run_downstream
 from fedlm.run.evaluate import Evaluator
@@ -172,6 +172,7 @@ def record_inputs(recorder: RunRecorder, prep: Prepared) -> None:
         "label_names": prep.loaded.label_names, "split_note": prep.loaded.split_note,
         "train_examples": len(prep.loaded.splits["train"]), "test_examples": len(prep.loaded.splits["test"]),
         "partition": config.partition.spec(), "client_sizes": prep.partition_sizes,
+        **({"attackers": sorted(prep.attack.clients)} if prep.attack is not None else {}),
     })
     write_partition_report(recorder.run_dir / "partition", prep.train_partition, prep.train_input,
                            partition_labels(prep.loaded, "train")[1])
@@ -197,8 +198,13 @@ def round_plan(config: ExperimentConfig, n_clients: int) -> RoundPlan:
     protocol = config.protocol
     per_round = n_clients if not protocol.traits.samples_clients else (
         protocol.clients_per_round or max(1, round(protocol.fraction * n_clients)))
+    needed = rule_minimum(protocol)  # a robust rule's fewest reports: a round with fewer counts as failed
+    if per_round < needed or (protocol.aggregator == "krum" and protocol.krum_m > per_round - protocol.krum_f):
+        raise UserError(f"protocol.aggregator krum with krum_f {protocol.krum_f} and krum_m {protocol.krum_m} needs "
+                        f"at least {max(needed, protocol.krum_m + protocol.krum_f)} clients per round (n > 2f + 2, "
+                        f"m <= n - f); this run samples {per_round}: lower krum_f / krum_m or sample more clients")
     return RoundPlan(rounds=protocol.rounds, clients_per_round=per_round,
-                     min_clients=min(protocol.min_clients, per_round), max_retries=protocol.max_retries,
+                     min_clients=max(min(protocol.min_clients, per_round), needed), max_retries=protocol.max_retries,
                      timeout_s=protocol.client_timeout_s, max_update_growth=protocol.max_update_growth,
                      seed=config.seed,
                      count_bytes=protocol.traits.counts_bytes,

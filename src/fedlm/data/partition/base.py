@@ -71,6 +71,9 @@ class PartitionInput:
     texts: Sequence[str] | None = None
     columns: Mapping[str, Sequence] | None = None
     fingerprint: str = ""
+    # another name -> a column's name: the data's own name for a role's column ('hospital' for group), so a
+    # natural partition may name the column either way
+    aliases: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.labels is not None:
@@ -84,6 +87,15 @@ class PartitionInput:
     def column_items(self) -> list[tuple[str, Sequence]]:
         """The extra columns as (name, values) pairs (none when ``columns`` is None)."""
         return list((self.columns or {}).items())
+
+    def column(self, name: str) -> Sequence | None:
+        """The extra column called ``name`` (directly or through an alias), or None."""
+        columns = self.columns or {}
+        return columns.get(name, columns.get((self.aliases or {}).get(name, name)))
+
+    def shown_name(self, column: str) -> str:
+        """The name to show for an extra column: the data's own, where it has one ('hospital', not 'group')."""
+        return next((alias for alias, name in (self.aliases or {}).items() if name == column), column)
 
     def cache_fingerprint(self) -> str:
         """The dataset fingerprint, or a hash of the content when the caller gave none: an empty
@@ -124,6 +136,12 @@ class Partitioner(ABC):
     @abstractmethod
     def assign(self, data: PartitionInput, num_clients: int, rng: np.random.Generator) -> np.ndarray:
         """Client id per example (-1 = left out)."""
+
+    def for_test(self, train: PartitionInput) -> Partitioner:
+        """The partitioner of the test split, whose clients must be the training split's: this one, as the
+        same seed draws the same client-level quantities (see the class docstring); a kind whose clients
+        depend on the data itself (natural) fixes them from ``train``."""
+        return self
 
     def cache_key(self) -> str:
         """The kind and its parameters as text: what, besides data, clients and seed, fixes the result."""

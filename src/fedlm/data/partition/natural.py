@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,7 +17,8 @@ class NaturalPartitioner(Partitioner):
     """FedNLP §4.4: one client per value of ``column`` (clients ordered by sorted value), or one per
     group of values in ``groups`` order; values in no group are left out.  Values are compared as
     strings so that a YAML ``1`` matches a column value ``"1"``.  num_clients must equal the number of
-    values or groups."""
+    values or groups.  ``column`` is a column of the data (a user's file: what data.columns.group maps, by its
+    own name or as ``group``)."""
 
     name: ClassVar[str] = "natural"
     column: str
@@ -35,10 +36,20 @@ class NaturalPartitioner(Partitioner):
 
     def column_values(self, data: PartitionInput) -> Sequence:
         """The values of ``column``, or a UserError listing the columns the data has."""
-        columns = dict(data.column_items())
-        if self.column not in columns:
-            raise UserError(f"column={self.column!r} does not exist; available columns: {sorted(columns)}")
-        return columns[self.column]
+        values = data.column(self.column)
+        if values is None:
+            names = sorted({*(name for name, _ in data.column_items()), *(data.aliases or {})})
+            raise UserError(f"partition.column {self.column!r} is not a column of the data (its partition columns: "
+                            f"{', '.join(names) or 'none'}); name one of those, or a column of your own file")
+        return values
+
+    def for_test(self, train: PartitionInput) -> NaturalPartitioner:
+        """Clients by the training split's values: client j holds the same value (or group) in both splits, a
+        value the training split lacks is left out of the test split, and a client may have no test examples."""
+        if self.groups is not None:
+            return self
+        values = np.unique(np.asarray(self.column_values(train)).astype(str))
+        return replace(self, groups=[[str(v)] for v in values])
 
     def client_of_value(self, unique: np.ndarray) -> np.ndarray:
         """Client id for each distinct value (looped over values, not examples)."""

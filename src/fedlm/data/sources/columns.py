@@ -5,6 +5,7 @@ the label encoding."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fedlm.errors import UserError
+
+log = logging.getLogger("fedlm")
 
 Columns = dict[str, list[Any]]  # one split before it becomes a Dataset: column name -> values
 
@@ -79,9 +82,19 @@ def text_of(path: Path | str, where: str, fields: dict[str, Any], key: str) -> s
     raise UserError(f"{path} {where}: field '{key}' should be text, found {type(value).__name__}")
 
 
-ROLES = ("text", "text_pair", "label", "target")  # target: seq2seq output text
+# target: seq2seq output text; group: the silo an example comes from (a hospital, a site, an author), kept as the
+# dataset's ``group`` column for natural partitions and the partition report; loaded only when mapped (a natural
+# partition's column maps it, see config.ExperimentConfig), so a stray column of that name changes nothing
+ROLES = ("text", "text_pair", "label", "target", "group")
 _DEFAULT_COLUMNS = {"text": ("text", "sentence", "content"), "text_pair": ("text_pair",), "label": ("label",),
                     "target": ("target",)}
+
+
+def group_only(columns: dict[str, str] | None) -> bool:
+    """The mapping names a group column and nothing else: what a natural partition's column implies. Sources with
+    columns of their own (named sources, tagged or QA files, documents, plain text) ignore it: the partition then
+    finds its column among theirs (wikitext-2's group, SQuAD's title) or says which they have."""
+    return bool(columns) and set(columns) == {"group"}
 
 
 def map_columns(columns: dict[str, str] | None, available: list[str], what: object) -> dict[str, str]:
@@ -103,6 +116,29 @@ def map_columns(columns: dict[str, str] | None, available: list[str], what: obje
                 f"column '{column}' (for {role}) not found in {what}; columns are: {', '.join(available)}"
             )
     return mapping
+
+
+def group_value(what: object, where: str, column: str, value: Any) -> str:
+    """A group name as text (a number or a bool names its group too); a missing or blank one is an error, since
+    a row in no group would silently make a client of its own (or of all such rows)."""
+    text = str(value).strip() if isinstance(value, str | int | float | bool) else ""
+    if text and text.lower() != "nan":  # float NaN: pandas' missing value
+        return text
+    shown = f"a {type(value).__name__}" if isinstance(value, list | dict | tuple) else "missing"
+    raise UserError(f"{what} {where}: the group (column '{column}') is {shown}; give every row a group name")
+
+
+EMPTY_SHARE = 0.1  # this share of empty texts is worth a warning: they train and score as empty inputs
+
+
+def warn_empty_texts(texts: list[str], what: object, column: str) -> None:
+    """One warning line when many texts are empty (a wrong column, a broken export): they are kept, as a few
+    empty rows are legitimate, but a tenth of the data saying nothing should not pass unnoticed."""
+    empty = sum(1 for text in texts if not text.strip())
+    if texts and empty >= EMPTY_SHARE * len(texts):
+        log.warning("%s: %d of %d rows (%.0f%%) have an empty text in column '%s'; they train and score as empty "
+                    "inputs: fill or drop them, or map another column as data.columns.text",
+                    what, empty, len(texts), 100 * empty / len(texts), column)
 
 
 def data_kind(mapped: dict[str, Any] | list[str], what: object) -> str | None:

@@ -1,6 +1,6 @@
 """``hf:<dataset>[:<config>]`` sources: whatever ``datasets.load_dataset(dataset, config)`` returns (a hub
-dataset, its copy in the Hugging Face cache, or a local folder of data files), or a folder written by
-``save_to_disk``, with the column mapping and label encoding of local files.
+dataset, its copy in the Hugging Face cache, a local folder of data files (Parquet, CSV, JSON Lines ...) or one
+such file), or a folder written by ``save_to_disk``, with the column mapping and label encoding of local files.
 
 Which of the dataset's splits become fedlm's:
 
@@ -35,13 +35,15 @@ from fedlm.data.sources.columns import (
     RawSource,
     check_target,
     data_kind,
+    group_value,
     label_value,
     map_columns,
     num_rows,
     split_note,
     split_off_test,
+    warn_empty_texts,
 )
-from fedlm.data.sources.labels import encode_labels
+from fedlm.data.sources.labels import check_classes, encode_labels
 from fedlm.errors import UserError
 
 PREFIX = "hf:"
@@ -77,9 +79,12 @@ def load_hub(source: str, columns: dict[str, str] | None, fraction: float, seed:
     elif label is None:
         kind, names = "lm", None
     elif class_names is not None:
+        if task in (None, "auto", "classification"):
+            check_classes(class_names, f"{source} (label column '{label}')", num_rows(splits["train"]))
         kind, names = "classification", class_names
     else:  # before a test split is carved out, so that an error's row numbers are the dataset's
-        kind, names = encode_labels(splits, task, lambda split, i: f"{source} split '{chosen[split]}' row {i}")
+        kind, names = encode_labels(splits, task, lambda split, i: f"{source} split '{chosen[split]}' row {i}",
+                                    f"{source} (label column '{label}')")
     if "test" not in splits:
         splits["train"], splits["test"] = split_off_test(splits["train"], fraction, seed, f"{source} ({train_split})")
         notes.append(split_note(fraction, seed, f"split '{train_split}'"))
@@ -96,8 +101,10 @@ def _load(source: str, name: str, config: str | None) -> datasets.DatasetDict:
     try:
         if folder.is_dir():
             loaded = _load_folder(source, folder, config)
+        elif folder.is_file():
+            loaded = _load_file(source, folder, config)
         elif name.startswith(("/", ".", "~")):
-            raise UserError(f"{source}: no folder {folder}")
+            raise UserError(f"{source}: no folder or file {folder}")
         else:
             if not datasets.config.HF_HUB_OFFLINE and (why := hub_unreachable()):
                 raise UserError(f"{source}: cannot reach the Hugging Face hub ({why}) to load '{name}'; "
@@ -126,6 +133,24 @@ def _load_folder(source: str, folder: Path, config: str | None) -> datasets.Data
         return datasets.load_from_disk(str(folder), keep_in_memory=True)
     with tempfile.TemporaryDirectory(prefix="fedlm-hf-") as cache, local_reading():
         return datasets.load_dataset(str(folder.resolve()), config, cache_dir=cache, keep_in_memory=True)
+
+
+# a data file's suffix -> the packaged builder of ``datasets`` that reads it
+_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json", ".txt": "text", ".arrow": "arrow"}
+
+
+def _load_file(source: str, path: Path, config: str | None) -> datasets.Dataset | datasets.DatasetDict:
+    """One data file, read by the builder its suffix names, as the train split (a test split is then carved out
+    as for a local file)."""
+    builder = _BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise UserError(f"{source}: load_dataset cannot tell how to read {path.name}; give a file ending in "
+                        f"{', '.join(_BUILDERS)}, or a folder of them")
+    if config:
+        raise UserError(f"{source}: a single file has no config '{config}'; remove ':{config}'")
+    with tempfile.TemporaryDirectory(prefix="fedlm-hf-") as cache, local_reading():
+        return datasets.load_dataset(builder, data_files={"train": str(path.resolve())}, cache_dir=cache,
+                                     keep_in_memory=True)
 
 
 def hub_unreachable(timeout: float = 3.0) -> str | None:
@@ -208,6 +233,11 @@ def _columns(source: str, ds: datasets.Dataset, split: str, mapping: dict[str, s
         values = data[column]
         if role == "target":
             cols[role] = [check_target(what, f"row {i}", _text(what, i, column, v)) for i, v in enumerate(values)]
+        elif role == "group":
+            feature = ds.features[column]
+            if isinstance(feature, datasets.ClassLabel):  # the class names, not their ids
+                values = [feature.int2str(v) if isinstance(v, int) and v >= 0 else None for v in values]
+            cols[role] = [group_value(what, f"row {i}", column, v) for i, v in enumerate(values)]
         elif role != "label":
             cols[role] = [_text(what, i, column, v) for i, v in enumerate(values)]
         elif class_names is not None:
@@ -217,6 +247,8 @@ def _columns(source: str, ds: datasets.Dataset, split: str, mapping: dict[str, s
             cols[role] = list(values)
         else:
             cols[role] = [label_value(what, f"row {i}", v) for i, v in enumerate(values)]
+    if "label" in mapping:  # unlabeled text drops its blank rows (_drop_blank_text): nothing to warn of
+        warn_empty_texts(cols["text"], what, mapping["text"])
     return cols
 
 

@@ -4,7 +4,8 @@ With ``task: auto`` the labels decide, and a single bad value must not change th
 among 0/1 labels would make a classification set a regression set, and a truncated ``po`` or a ``NaN``
 string would become a class of its own. So a label column that is classification apart from a few stray
 values is an error naming their rows; the config's ``task`` (classification or regression), when set,
-always wins. The inferred task is logged in one line.
+always wins. The inferred task is logged in one line. Classification needs two classes at least: labels of one
+class are refused by name (the file and its label column), before a model is built for them.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ SHOWN = 5  # rows named in an error
 MAX_NAMES = 200  # class names compared pairwise for truncation or case (the comparison is quadratic)
 
 
-def encode_labels(splits: dict[str, Columns], task: str | None = None,
-                  locate: Locate | None = None) -> tuple[str, list[str] | None]:
+def encode_labels(splits: dict[str, Columns], task: str | None = None, locate: Locate | None = None,
+                  labels: str = "the data's labels") -> tuple[str, list[str] | None]:
     """Classification (labels replaced by class ids; returns the names) or regression (numbers kept).
 
     ``task`` classification or regression forces the encoding; ``auto`` (or None) infers it and refuses a
-    column with stray values; any other task (a language-model task on labelled data) infers it silently."""
+    column with stray values; any other task (a language-model task on labelled data) infers it silently.
+    ``labels`` names the label column and its file, for the error about a single class."""
     where = locate or (lambda split, i: f"{split} row {i + 1}")
     values = [v for cols in splits.values() for v in cols["label"]]
     numeric = all(isinstance(v, float) for v in values)
@@ -57,12 +59,29 @@ def encode_labels(splits: dict[str, Columns], task: str | None = None,
     if inferring:
         _refuse_strays(splits, where, _class_strays(values))
         shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
-        log.info("task inferred from the labels: classification, %d classes (%s); set task: regression to "
-                 "treat numeric labels as scores", len(names), shown)
+        # the way to regression is worth a word only where the labels could be scores
+        hint = "; set task: regression to treat numeric labels as scores" if numeric else ""
+        log.info("task inferred from the labels: classification, %s (%s)%s", classes(len(names)), shown, hint)
+    if task in (None, "auto", "classification"):
+        check_classes(names, labels, len(values))
     index = {n: i for i, n in enumerate(names)}
     for cols in splits.values():
         cols["label"] = [index[_name(v)] for v in cols["label"]]
     return "classification", names
+
+
+def classes(count: int) -> str:
+    """'1 class', '2 classes'."""
+    return f"{count} class" if count == 1 else f"{count} classes"
+
+
+def check_classes(names: list[str], labels: str, rows: int) -> None:
+    """Refuse classification on fewer than two classes, naming where the labels are: a model cannot learn to
+    tell one class from nothing, and the error that the model would raise names no file or column."""
+    if len(names) < 2:
+        got = f"one class ({names[0]!r}) in all {rows} rows" if names else "no classes"
+        raise UserError(f"{labels} has {got}; classification needs at least 2 classes: map another column as "
+                        "data.columns.label, or give it rows of other classes")
 
 
 def _name(value: str | float) -> str:

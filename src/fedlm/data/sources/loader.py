@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from fedlm.data.sources import conll, squad
 from fedlm.data.sources.catalog import SOURCES, missing_data
-from fedlm.data.sources.columns import Columns, RawSource, hash_order, num_rows, take
+from fedlm.data.sources.columns import Columns, RawSource, group_only, hash_order, num_rows, take
 from fedlm.data.sources.hub import PREFIX, load_hub
 from fedlm.data.sources.local import load_local, local_path
 from fedlm.errors import UserError
@@ -34,6 +34,9 @@ class LoadedData:
     label_names: list[str] | None
     split_note: str
     fingerprint: str
+    # the data's own name for the ``group`` column (data.columns.group, e.g. 'hospital'), by which a natural
+    # partition may name it too; None when the data has no group column or calls it group
+    group_column: str | None = None
 
 
 def _check_params(fraction: float, seed: int, limits: dict[str, int | None]) -> None:
@@ -115,6 +118,8 @@ def load_source(
             raise UserError(f"data.format applies to local files only, not to source '{name_or_path}': remove it")
         raw, ident, base = load_hub(name_or_path, columns, test_fraction, seed, task), name_or_path, None
     elif name_or_path in SOURCES:
+        if group_only(columns):  # a natural partition's column: the named source's own columns hold it, or not
+            columns = None
         if columns or file_format:
             raise UserError(f"data.columns and data.format apply to local files only, not to the named source "
                             f"'{name_or_path}': remove them")
@@ -123,6 +128,8 @@ def load_source(
         raw, ident, base = SOURCES[name_or_path](data_dir, test_fraction, seed), name_or_path, data_dir
     else:
         path = local_path(name_or_path, data_dir)
+        if task in TASK_READERS and group_only(columns):  # tagged and QA files keep their own columns
+            columns = None
         reader = TASK_READERS.get(task or "", partial(load_local, task=task))
         raw, ident, base = reader(path, columns, file_format, test_fraction, seed), str(path), None
     note = raw.note + _subsample(raw, seed, limits)
@@ -142,4 +149,6 @@ def load_source(
         # the same file read by another reader, or its labels encoded for another task, is other data
         **({"task": task} if task in (*TASK_READERS, "classification", "regression") else {}),
     }
-    return LoadedData(splits, raw.kind, raw.label_names, note, _fingerprint(ident, raw, base, params))
+    group = (columns or {}).get("group")
+    group_column = group if group != "group" and "group" in splits["train"].column_names else None
+    return LoadedData(splits, raw.kind, raw.label_names, note, _fingerprint(ident, raw, base, params), group_column)

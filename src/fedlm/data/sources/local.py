@@ -1,5 +1,5 @@
-"""Local files and directories (CSV, TSV, JSONL, JSON, plain text, read through ``datasets``' builders):
-column mapping, split files, and labels encoded as classes or kept as regression scores."""
+"""Local files and directories (CSV, TSV, JSONL, JSON, plain text, read through ``datasets``' builders; Parquet
+through pyarrow): column mapping, split files, and labels encoded as classes or kept as regression scores."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from fedlm.data.sources.columns import (
     check_target,
     data_kind,
     field_of,
+    group_value,
     label_value,
     map_columns,
     named_split_files,
@@ -20,12 +21,13 @@ from fedlm.data.sources.columns import (
     split_note,
     split_off_test,
     text_of,
+    warn_empty_texts,
 )
 from fedlm.data.sources.documents import document_files, load_documents
 from fedlm.data.sources.labels import encode_labels
 from fedlm.errors import UserError
 
-FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "json", ".txt": "txt"}
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "json", ".txt": "txt", ".parquet": "parquet"}
 
 
 def local_path(name: str, data_dir: Path) -> Path:
@@ -75,27 +77,34 @@ def _columns(path: Path, tabulate: builders.Tabulate, fmt: str, columns: dict[st
                 cols[role].append(label_value(path, where, field_of(path, where, fields, column)))
             elif role == "target":
                 cols[role].append(check_target(path, where, text_of(path, where, fields, column)))
+            elif role == "group":
+                cols[role].append(group_value(path, where, column, field_of(path, where, fields, column)))
             else:
                 cols[role].append(text_of(path, where, fields, column))
+    warn_empty_texts(cols["text"], path, mapping["text"])
     return cols
 
 
 WHERE = "where"  # a column of local files' rows: where each row is in its file, dropped once labels are read
 
 
-def _encode(splits: dict[str, Columns], files: dict[str, Path], task: str | None) -> tuple[str, list[str] | None]:
-    """The data's kind and class names, from its labels when it has them."""
+def _encode(splits: dict[str, Columns], files: dict[str, Path], task: str | None,
+            labels: str) -> tuple[str, list[str] | None]:
+    """The data's kind and class names, from its labels (``labels``: where they are) when it has them."""
     wheres = {split: cols.pop(WHERE, None) for split, cols in splits.items()}
     if "label" not in splits["train"]:
         return "lm", None
-    return encode_labels(splits, task, lambda split, i: f"{files[split]} {wheres[split][i]}")
+    return encode_labels(splits, task, lambda split, i: f"{files[split]} {wheres[split][i]}", labels)
 
 
 def _read_local_split(path: Path, fmt: str, columns: dict[str, str] | None) -> Columns:
     if fmt == "txt":
-        if columns and set(columns) - {"text"}:
+        if columns and set(columns) - {"text", "group"}:  # a group alone: a natural partition's, told of none
             raise UserError(f"{path} is plain text (one example per line): it has no columns to map")
         cols: Columns = {"text": builders.read_lines(path)}
+    elif fmt == "parquet":
+        table = readers.read_parquet(path)
+        cols = _columns(path, lambda header: table, fmt, columns)
     else:
         cols = builders.read_table(path, fmt, lambda tabulate: _columns(path, tabulate, fmt, columns))
     if not cols["text"]:
@@ -111,15 +120,16 @@ def load_local(
     config's) decides how labels are read."""
     if path.is_dir() and not named_split_files(path, FORMATS) and (docs := document_files(path)):
         return load_documents(path, docs, columns, fraction, seed)
-    files = (split_files(path, FORMATS, "expected train.csv/.tsv/.jsonl/.json/.txt beside its test file, or a "
-                                          "directory of *.txt documents") if path.is_dir() else {"train": path})
+    files = (split_files(path, FORMATS, "expected train.csv/.tsv/.jsonl/.json/.txt/.parquet beside its test file, "
+                                          "or a directory of *.txt documents") if path.is_dir() else {"train": path})
     splits = {split: _read_local_split(p, _format(p, file_format), columns) for split, p in files.items()}
     if len({tuple(sorted(cols)) for cols in splits.values()}) > 1:
         raise UserError(f"{path}: the split files do not all have the same columns")
     if seq2seq := data_kind(splits["train"], path):
         kind, names = seq2seq, None
     else:
-        kind, names = _encode(splits, files, task)
+        where = path if len(files) > 1 else files["train"]
+        kind, names = _encode(splits, files, task, f"{where} (label column '{(columns or {}).get('label', 'label')}')")
     if "test" in splits:
         note = f"train/test = the given files ({', '.join(p.name for p in files.values())})"
     else:

@@ -3,7 +3,7 @@
 Every reader returns ``(columns, records)`` where each record is ``(where, fields)``: ``where`` is a
 human-readable location such as ``"line 17"`` so that later validation errors can point at the exact
 spot.  All failures are raised as :class:`UserError` naming the file and line; no csv/json traceback
-escapes from here.
+escapes from here.  Parquet files are read whole by pyarrow (which ``datasets`` brings), their rows numbered.
 
 CSV, TSV, JSON Lines, JSON and plain text are read through ``datasets``' builders first (``builders.py``);
 the readers for them stay because the builders cannot name the line of an error, and they read every file
@@ -19,6 +19,9 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from fedlm.errors import UserError
 
@@ -153,6 +156,23 @@ def read_json(path: Path) -> Table:
             raise UserError(f"{path} record {i}: expected a JSON object, found {type(obj).__name__}")
         records.append((f"record {i}", obj))
     return _columns_of(records), records
+
+
+def read_parquet(path: Path) -> Table:
+    """The rows of a Parquet file as records (``row 1`` ...): columns are typed, so a number stays a number; an
+    unreadable file is one line naming it."""
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise UserError(f"data file not found: {path}") from None
+    except (pa.ArrowException, OSError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"cannot read {path} as Parquet ({reason}); check the file, or set data.format") from None
+    columns = table.column_names
+    if len(set(columns)) != len(columns):
+        raise UserError(f"{path}: Parquet columns repeat a name ({', '.join(columns)}); give each column its own")
+    rows = zip(*(table.column(i).to_pylist() for i in range(table.num_columns)), strict=True)
+    return columns, [(f"row {i}", dict(zip(columns, values, strict=True))) for i, values in enumerate(rows, 1)]
 
 
 def read_plain_text(path: Path) -> list[str]:

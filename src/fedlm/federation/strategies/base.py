@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,6 +35,15 @@ class Aggregation(Protocol):
     def merge(self, collective: Collective) -> None: ...
 
     def result(self) -> NamedTensors: ...
+
+
+@runtime_checkable
+class Audited(Protocol):
+    """An aggregation that can say whom it left out or weighed less this round (a robust rule), so the round's
+    record shows an operator who looked malicious: ``{"dropped": [client ids], "down_weighted": {id: weight}}``
+    or what the rule measures instead."""
+
+    def audit(self) -> dict[str, Any]: ...
 
 
 class Strategy:

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from fedlm.federation.collective import Collective
 from fedlm.federation.params import NamedTensors, RunningMean
-from fedlm.federation.strategies.base import ClientUpdate, Strategy
+from fedlm.federation.strategies.base import Aggregation, ClientUpdate, Strategy
+
+
+class Combining(Aggregation, Protocol):
+    """An aggregation that also tells which tensors some client sent (FedOpt steps only those)."""
+
+    @property
+    def sent(self) -> set[str]: ...
+
+
+# How a round's client tensors become one set, started from the global parameters: FedAvg's weighted mean by
+# default, or a robust rule (median, trimmed mean, Krum, norm bounding) that FedProx and FedOpt then build on.
+Rule = Callable[[NamedTensors], Combining]
 
 
 class FedAvg(Strategy):
@@ -28,9 +43,14 @@ class FedAvg(Strategy):
     """
 
     name = "fedavg"
+    rule: Rule  # FedAvg's own mean unless a robust rule is given (a subclass need not call __init__)
 
-    def aggregation(self, current: NamedTensors) -> Averaging:
-        return Averaging(current)
+    def __init__(self, rule: Rule | None = None) -> None:
+        if rule is not None:
+            self.rule = rule
+
+    def aggregation(self, current: NamedTensors) -> Combining:
+        return self.rule(current)
 
 
 class Averaging:
@@ -54,3 +74,6 @@ class Averaging:
 
     def result(self) -> NamedTensors:
         return {**self.current, **self.running.mean()}
+
+
+FedAvg.rule = Averaging  # set after the class it names exists

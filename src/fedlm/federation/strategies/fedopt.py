@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
+from fedlm.federation.collective import Collective
 from fedlm.federation.params import NamedTensors
-from fedlm.federation.strategies.fedavg import Averaging, FedAvg
+from fedlm.federation.strategies.base import Audited, ClientUpdate
+from fedlm.federation.strategies.fedavg import Combining, FedAvg, Rule
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class FedOpt(FedAvg):
     name = "fedopt"
 
     def __init__(self, optimizer: str, lr: float, momentum: float = 0.9, beta1: float = 0.9,
-                 beta2: float = 0.99, tau: float = 1e-3) -> None:
+                 beta2: float = 0.99, tau: float = 1e-3, rule: Rule | None = None) -> None:
+        super().__init__(rule)
         if optimizer not in SERVER_OPTIMIZERS:
             raise ValueError(f"server optimizer {optimizer!r} is not one of {', '.join(SERVER_OPTIMIZERS)}")
         self.optimizer = optimizer
@@ -103,8 +106,8 @@ class FedOpt(FedAvg):
         self.m: NamedTensors = {}
         self.v: NamedTensors = {}
 
-    def aggregation(self, current: NamedTensors) -> Averaging:
-        return ServerStepped(self, current)
+    def aggregation(self, current: NamedTensors) -> ServerStepped:
+        return ServerStepped(self, self.rule(current), current)
 
     def apply_step(self, name: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         new, m, v = self._step(x, delta, self.m.get(name), self.v.get(name), self.hyper)
@@ -121,14 +124,23 @@ class FedOpt(FedAvg):
         self.v = dict(state.get("v", {}))
 
 
-class ServerStepped(Averaging):
-    """FedAvg's running average, then one server-optimizer step per tensor some client sent."""
+class ServerStepped:
+    """The rule's aggregate (FedAvg's running average, or a robust one), then one server-optimizer step per
+    tensor some client sent."""
 
-    def __init__(self, opt: FedOpt, current: NamedTensors) -> None:
-        super().__init__(current)
-        self.opt = opt
+    def __init__(self, opt: FedOpt, inner: Combining, current: NamedTensors) -> None:
+        self.opt, self.inner, self.current = opt, inner, current
+
+    def add(self, update: ClientUpdate) -> None:
+        self.inner.add(update)
+
+    def merge(self, collective: Collective) -> None:
+        self.inner.merge(collective)
+
+    def audit(self) -> dict[str, Any]:
+        return self.inner.audit() if isinstance(self.inner, Audited) else {}
 
     def result(self) -> NamedTensors:
-        averaged, sent, current = super().result(), self.sent, self.current
+        averaged, sent, current = self.inner.result(), self.inner.sent, self.current
         return {name: self.opt.apply_step(name, current[name], averaged[name] - current[name]) if name in sent
                 else current[name] for name in current}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from fedlm.federation.strategies.fedavg import FedAvg
+from fedlm.federation.strategies.fedavg import FedAvg, Rule
 
 if TYPE_CHECKING:
     from fedlm.federation.local_training import LocalSettings
@@ -36,7 +36,8 @@ class FedProx(FedAvg):
 
     name = "fedprox"
 
-    def __init__(self, mu: float) -> None:
+    def __init__(self, mu: float, rule: Rule | None = None) -> None:
+        super().__init__(rule)
         self.mu = mu
 
     def configure(self, settings: LocalSettings) -> LocalSettings:

@@ -1,0 +1,58 @@
+"""What the robust rules share: they need every update of the round at once, so they hold them.
+
+A robust rule (median, trimmed mean, Krum, adaptive norm bounding) looks at all of a round's updates together;
+unlike FedAvg's running sum, memory grows with the clients per round. When several processes share a round
+(``fedlm run --workers``) ``merge`` gathers every process's updates, so each process computes the same result
+from the same updates in the same (client id) order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedlm.federation.params import NamedTensors
+from fedlm.federation.strategies.base import ClientUpdate
+
+if TYPE_CHECKING:
+    from fedlm.federation.collective import Collective
+
+
+class HeldUpdates:
+    """A round's updates, held until the rule reads them all; ``result`` is the rule's."""
+
+    def __init__(self, current: NamedTensors) -> None:
+        self.current = current
+        self.updates: list[ClientUpdate] = []
+
+    def add(self, update: ClientUpdate) -> None:
+        self.updates.append(update)
+
+    def merge(self, collective: Collective) -> None:
+        parts = collective.all_gather(self.updates)
+        self.updates = sorted((u for part in parts for u in part), key=lambda u: u.client_id)
+
+    @property
+    def sent(self) -> set[str]:
+        """The names some client sent (a tensor everyone froze keeps its current value)."""
+        return {name for update in self.updates for name in update.params}
+
+    def ordered(self) -> list[ClientUpdate]:
+        """The updates in client id order, whatever order they arrived in (the result must not depend on it)."""
+        return sorted(self.updates, key=lambda u: u.client_id)
+
+    def stacked(self, name: str) -> torch.Tensor | None:
+        """Tensor ``name`` of every update that sent it, stacked along a new first axis (float64); None if none."""
+        values = [u.params[name].double() for u in self.ordered() if name in u.params]
+        return torch.stack(values) if values else None
+
+    def per_tensor(self, combine: Callable[[torch.Tensor], torch.Tensor]) -> NamedTensors:
+        """``combine(stack)`` for each tensor some client sent, in the tensor's dtype; the others keep their current
+        value."""
+        out: NamedTensors = {}
+        for name, value in self.current.items():
+            stack = self.stacked(name)
+            out[name] = value if stack is None else combine(stack).to(value.dtype)
+        return out
