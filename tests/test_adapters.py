@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+import re
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from fedlm.config import AdapterConfig, dump_config, validate
 from fedlm.errors import UserError
 from fedlm.federation.params import nbytes, snapshot
 from fedlm.federation.strategies import ClientUpdate, FedAvg
-from fedlm.models.adapters import apply_adapter
+from fedlm.models.adapters import apply_adapter, linear_block_modules
 from fedlm.models.build import build_model, build_tokenizer
 from fedlm.models.cut import Cut, SplitModel
 from fedlm.run.recorder import RunRecorder, read_metrics
@@ -82,6 +84,40 @@ def test_lora_and_ia3_start_as_the_identity_so_round_0_is_the_base_model(tokeniz
     assert names and all(any(mark in n for mark in adapter_marks) for n in names)
     heads = [n for n in names if "modules_to_save" in n]
     assert bool(heads) == (task == "classification")  # train_head defaults to classification/regression only
+
+
+@pytest.mark.parametrize(("family", "targets"), [
+    ("qwen2", "peft"), ("mistral", "peft"), ("gemma3_text", "peft"), ("opt", "peft"),  # peft's q_proj, v_proj
+    ("phi3", "all-linear"), ("olmo2", "all-linear"), ("modernbert", "all-linear"), ("distilbert", "all-linear"),
+])
+def test_lora_default_targets_work_on_every_family(family, targets, caplog):
+    """``target_modules: null`` keeps peft's default where peft has one for the family, and elsewhere (olmo2,
+    modernbert, phi3, distilbert) adapts every linear layer in the blocks, never the head nor the embeddings, so
+    each split side holds the adapters of its own blocks; the adapted model starts as the base and trains."""
+    tok = build_tokenizer(None, family, TEXTS, 200)
+    model = build_model(family, "tiny", "classification", tok, num_labels=2, seed=0)
+    base = copy.deepcopy(model).eval()
+    with caplog.at_level(logging.INFO, logger="fedlm"):
+        adapter = apply_adapter(AdapterConfig(kind="lora", r=2), model, "classification", seed=0)
+    logged = [r.getMessage() for r in caplog.records if r.name == "fedlm"]
+    adapted = {n.split(".lora_A.")[0] for n in adapter.trainable_names() if ".lora_A." in n}
+    if targets == "all-linear":
+        assert adapted == set(linear_block_modules(base))
+        assert logged == [f"adapter.kind lora on a {family} model: peft has no default target_modules for this "
+                          "family; adapting every linear layer in the blocks (all-linear)"]
+    else:
+        assert adapted == {n for n, _ in base.named_modules() if n.rsplit(".", 1)[-1] in ("q_proj", "v_proj")}
+        assert not logged
+    assert adapted and all(re.search(r"\.\d+\.", f".{n}.") for n in adapted)  # inside the blocks
+    assert {n for n in adapter.trainable_names() if "lora_" not in n} == {
+        n for n in adapter.trainable_names() if "modules_to_save" in n}  # besides LoRA, only the head trains
+    batch = tok(TEXTS[:3], padding=True, return_tensors="pt")
+    labels = torch.tensor([0, 1, 0])
+    with torch.no_grad():
+        torch.testing.assert_close(adapter.model.eval()(**batch).logits, base(**batch).logits, rtol=0, atol=1e-6)
+    adapter.model.train()(**batch, labels=labels).loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in adapter.model.named_parameters()
+               if "lora_B" in n)
 
 
 def _peft_reference(adapter, base, tmp_path, ids, mask):
@@ -455,7 +491,7 @@ def test_train_head_on_a_tied_lm_head_and_unknown_families_are_user_errors(token
     tok = build_tokenizer(None, "distilbert", texts, 200)
     model = build_model("distilbert", "tiny", "classification", tok, num_labels=2, seed=0)
     with pytest.raises(UserError, match=r"set adapter\.target_modules") as err:
-        apply_adapter(AdapterConfig(kind="lora"), model, "classification")
+        apply_adapter(AdapterConfig(kind="lora", target_modules=["nonexistent"]), model, "classification")
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match="ia3 on a distilbert model"):
         apply_adapter(AdapterConfig(kind="ia3", target_modules=["nonexistent"]), model, "classification")

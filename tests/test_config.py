@@ -61,6 +61,15 @@ def test_grid_expands_every_combination(cfg_file):
     assert all(not c.grid for _, c in runs)
 
 
+def test_a_grid_axis_over_checkpoints_loads_them_under_the_default_preset(cfg_file):
+    cfg = load_config(cfg_file, ["grid={model.checkpoint: [minilm, null]}"])
+    (_, loaded), (_, fresh) = expand_grid(cfg)
+    assert (loaded.model.checkpoint, loaded.model.preset) == ("minilm", None)  # the checkpoint's own weights
+    assert (fresh.model.checkpoint, fresh.model.preset) == (None, "tiny")
+    written = load_config(cfg_file, ["model.preset=tiny", "grid={model.checkpoint: [minilm]}"])
+    assert expand_grid(written)[0][1].model.preset == "tiny"  # written out: a fresh tiny model, minilm's tokenizer
+
+
 def test_baselines_run_beside_the_grid(cfg_file):
     cfg = load_config(cfg_file, ["grid={protocol.kind: [fedavg, fedopt]}",
                                  "baselines=[{protocol.kind: centralized}]"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import random
 import subprocess
@@ -11,11 +12,13 @@ import sys
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from fedlm.config import dump_config, validate
 from fedlm.errors import UserError
 from fedlm.models.build import FAMILIES, build_model, build_tokenizer, resolve_checkpoint
-from fedlm.models.presets import PRESETS
+from fedlm.models.presets import PRESETS, config_class, is_decoder_family, preset_config_kwargs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -107,8 +110,8 @@ def test_tokenizer_cache_reuses_by_content(tmp_path, tokenizers):
 def test_tokenizer_needs_a_source():
     with pytest.raises(UserError):
         build_tokenizer(None, "bert", None, 300)
-    with pytest.raises(UserError, match=r"families .* not 'mistral'"):
-        build_tokenizer(None, "mistral", SENTENCES, 300)
+    with pytest.raises(UserError, match=r"encoder-only and decoder-only families and for t5, bart, not 'pegasus'"):
+        build_tokenizer(None, "pegasus", SENTENCES, 300)  # an encoder-decoder still borrows a checkpoint's
 
 
 # ------------------------------------------------------------------------------------------------- models
@@ -142,6 +145,47 @@ def test_tiny_preset_shapes_and_token_ids(tokenizers, family):
     assert config.num_labels == 3
     ids = torch.tensor([[tok.pad_token_id + 5] * 256])  # the preset's full context fits (RoBERTa offset)
     assert model(input_ids=ids).logits.shape == (1, 3)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma3_text", "phi3", "opt", "olmo2", "falcon",
+                                    "modernbert", "deberta-v2", "electra", "xlm-roberta"])
+def test_a_preset_alone_pretrains_any_encoder_or_decoder_family(family):
+    """No checkpoint needed for a tokenizer: a decoder-only family trains llama's byte-level BPE, an encoder-only
+    one BERT's WordPiece (segments only with a segment table), and every special-token id the config holds is
+    the tokenizer's (ModernBERT's config numbers its cls / sep as 50281 / 50282)."""
+    tok = build_tokenizer(None, family, SENTENCES, 300)
+    decoder = is_decoder_family(family)
+    if decoder:
+        assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<s>", "</s>", "<pad>")
+    else:
+        assert tok.convert_ids_to_tokens(tok("boats")["input_ids"]) == ["[CLS]", "boats", "[SEP]"]
+        assert tok.mask_token == "[MASK]"
+    model_type = config_class(family)
+    assert ("token_type_ids" in tok.model_input_names) == (getattr(model_type(), "type_vocab_size", 0) >= 2)
+    for task in ("clm" if decoder else "mlm", "classification"):
+        model = build_model(family, "tiny", task, tok, num_labels=2, seed=0).eval()
+        config = model.config
+        assert model.get_input_embeddings().num_embeddings == len(tok)
+        assert (config.hidden_size, config.num_hidden_layers) == (PRESETS["tiny"].hidden, PRESETS["tiny"].layers)
+        ids = {k: v for k, v in config.to_dict().items() if k.endswith("_token_id") and v is not None}
+        assert ids["pad_token_id"] == tok.pad_token_id
+        assert all(0 <= v < len(tok) for v in ids.values()), ids
+        batch = tok([*SENTENCES[:2], "a client"], padding=True, return_tensors="pt")
+        full = torch.full((1, PRESETS["tiny"].max_positions), tok.pad_token_id + 5)  # XLM-R's offset positions too
+        with torch.no_grad():
+            logits = model(**batch).logits
+            assert torch.isfinite(model(input_ids=full).logits).all()
+        assert logits.shape[0] == 3 and torch.isfinite(logits).all()
+
+
+def test_a_family_a_preset_cannot_size_is_one_line(tokenizers):
+    """A composite config (text and vision towers) has no width or depth for a preset and would build at its full
+    default size; a config whose own checks reject the preset's sizes says why in one line, not a traceback."""
+    with pytest.raises(UserError, match=r"a gemma3 config has no width and depth .*use model\.family: gemma3_text"):
+        preset_config_kwargs("gemma3", PRESETS["tiny"], 0)
+    with pytest.raises(UserError, match=r"preset tiny cannot build a funnel model \(NotImplementedError: ") as err:
+        build_model("funnel", "tiny", "mlm", tokenizers["bert"])
+    assert "\n" not in str(err.value)
 
 
 def test_regression_head_and_overrides(tokenizers):
@@ -198,6 +242,37 @@ def test_mlm_round_trip_keeps_tied_decoder(tmp_path, tokenizers):
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
+
+
+def test_a_preset_with_a_checkpoint_trains_fresh_and_borrows_only_the_tokenizer(tmp_path, tokenizers, caplog):
+    """model.preset sizes the model and the checkpoint lends its tokenizer (a tokenizer-only directory will do),
+    and the log says so; without a preset the checkpoint's own size and weights load."""
+    tok = tokenizers["bert"]
+    saved = build_model("bert", "tiny", "mlm", tok, overrides={"num_hidden_layers": 3}, seed=1)
+    saved.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "tokenizer")  # a tokenizer and no model
+    for source in ("model", "tokenizer"):
+        checkpoint = str(tmp_path / source)
+        borrowed = build_tokenizer(checkpoint, "bert", None, 0)
+        assert borrowed("boats near the river")["input_ids"] == tok("boats near the river")["input_ids"]
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="fedlm"):
+            fresh = build_model("bert", "tiny", "mlm", borrowed, checkpoint=checkpoint, seed=1)
+        assert len(fresh.bert.encoder.layer) == PRESETS["tiny"].layers  # the preset's 2, not the checkpoint's 3
+        assert not torch.equal(fresh.get_input_embeddings().weight, saved.get_input_embeddings().weight)
+        assert [r.getMessage() for r in caplog.records if r.name == "fedlm"] == [
+            f"model.preset tiny sizes a fresh, randomly initialised bert model; checkpoint {checkpoint!r} lends only "
+            "its tokenizer (model.preset: null loads its weights)"]
+    loaded = build_model("bert", None, "mlm", tok, checkpoint=str(tmp_path / "model"))
+    assert len(loaded.bert.encoder.layer) == 3 and _same_weights(loaded, saved)
+    with pytest.raises(UserError, match=r"holds only a tokenizer .*: set model\.preset to train a fresh model"):
+        build_model("bert", None, "mlm", tok, checkpoint=str(tmp_path / "tokenizer"))
+    # in a config, only a preset written out counts: the default one gives way to a checkpoint
+    raw = {"data": {"source": "train.csv"}, "model": {"checkpoint": str(tmp_path / "model")}}
+    assert validate(raw).model.preset is None
+    written = validate({**raw, "model": {**raw["model"], "preset": "tiny"}})
+    assert written.model.preset == "tiny" and validate(yaml.safe_load(dump_config(written))) == written
 
 
 def test_resolve_checkpoint(tmp_path):

@@ -19,6 +19,7 @@ from fedlm.run.seeds import (
     SeededRow,
     SeedStats,
     aggregate,
+    equivalence,
     merge_cells,
     overlap,
     paired_difference,
@@ -80,6 +81,60 @@ def test_paired_difference_by_hand():
     assert higher == "+0.120 [+0.070, +0.170] higher (3 seeds)"
     assert paired_difference([-10.0, -12.0, -14.0], digits=1) == "-12.0 [-17.0, -7.0] worse (3 seeds)"
     assert paired_difference([0.5]) == "+0.500 (1 seed)" and paired_difference([]) == "-"
+
+
+# three seeds: half-width = t(0.975, 2) * sd / sqrt(3) = 4.302653 * sd / 1.732051 = 2.484138 * sd
+@pytest.mark.parametrize(("diffs", "band", "verdict_", "low", "high"), [
+    # mean 0, sd 0.02, half 0.049683: [-0.049683, +0.049683]
+    ((-0.02, 0.0, 0.02), 0.0497, "equivalent", -0.049683, 0.049683),      # just inside the band
+    ((-0.02, 0.0, 0.02), 0.0496, "within noise", -0.049683, 0.049683),    # just outside it, and covers 0
+    # mean 0.04, sd 0.02: [-0.009683, +0.089683]: no difference found, and none ruled out either
+    ((0.02, 0.04, 0.06), 0.05, "within noise", -0.009683, 0.089683),
+    # mean 0.12, sd 0.02: [+0.070317, +0.169683]
+    ((0.10, 0.12, 0.14), 0.05, "differs", 0.070317, 0.169683),
+    ((0.10, 0.12, 0.14), 0.2, "equivalent", 0.070317, 0.169683),          # a real difference, smaller than the band
+    # mean -0.006667, sd 0.005774, half 0.014342: [-0.021009, +0.007676]
+    ((-0.01, 0.0, -0.01), 0.03, "equivalent", -0.021009, 0.007676),
+    # no spread: the interval is the point 0.25; a bound on the band's edge is not inside it
+    ((0.25, 0.25), 0.25, "differs", 0.25, 0.25),
+    ((0.25, 0.25), 0.2501, "equivalent", 0.25, 0.25),
+    # two seeds: t(0.975, 1) = 12.706205, mean 0.1, sd 0.141421, half 1.270620: [-1.170620, +1.370620]
+    ((0.0, 0.2), 1.0, "within noise", -1.170620, 1.370620),
+])
+def test_equivalence_by_two_one_sided_tests_on_hand_computed_intervals(diffs, band, verdict_, low, high):
+    found = equivalence(diffs, band)
+    assert found.verdict == verdict_ and found.n == len(diffs)
+    assert found.interval == pytest.approx((low, high), abs=1e-6)
+
+
+def test_equivalence_is_not_measurable_below_two_paired_seeds_or_without_a_band():
+    assert math.isclose(T_975_2 / math.sqrt(3), 2.484138, abs_tol=1e-6)  # the factor the cases above use
+    one = equivalence([0.01], 0.05)
+    assert (one.verdict, one.interval, one.text()) == ("not measurable", None, "+0.0100 not measurable (1 paired seed)")
+    assert equivalence([], 0.05).text() == "not measurable (0 paired seeds)"
+    assert equivalence([0.01, math.nan], 0.05).verdict == "not measurable"  # a seed without a score does not pair
+    unfixed = equivalence([0.0, 0.01, 0.02], None)
+    assert unfixed.verdict == "not measurable" and "no equivalence band fixed" in unfixed.text()
+    text = equivalence([-0.01, 0.0, -0.01], 0.03).text()
+    assert text == "-0.0067 [-0.0210, +0.0077] equivalent (band ±0.0300; 3 seeds)"
+
+
+def test_table_with_a_band_judges_same_seed_differences_from_the_groups_best():
+    finals = {"a": (0.70, 0.72, 0.74), "b": (0.79, 0.82, 0.83), "c": (0.80, 0.82, 0.84)}
+    runs = [SeededRow(name, "sst2", {"run": f"{name},seed={i}", **summary(v)})
+            for name, values in finals.items() for i, v in reversed(list(enumerate(values)))]  # paired by seed
+    runs.append(SeededRow("d", "sst2", {"run": "d,seed=0", **summary(0.5)}))
+    text = seeded_table(runs, "accuracy", "max", band=0.03)
+    assert "- [sst2] b vs c: within noise" in text  # overlapping intervals: today's difference test
+    lines = text.split("Equivalence within ±0.03")[1].split("Every seed")[0].splitlines()
+    assert [ln for ln in lines if ln.startswith("- ")] == [
+        "- [sst2] a - c: -0.1000 [-0.1000, -0.1000] differs (band ±0.0300; 3 seeds)",
+        "- [sst2] b - c: -0.0067 [-0.0210, +0.0077] equivalent (band ±0.0300; 3 seeds)",  # b - c: -0.01, 0, -0.01
+        "- [sst2] d - c: -0.3000 not measurable (1 paired seed)",
+    ]
+    narrow = seeded_table(runs, "accuracy", "max", band=0.01)
+    assert "- [sst2] b - c: -0.0067 [-0.0210, +0.0077] within noise (band ±0.0100; 3 seeds)" in narrow
+    assert "Equivalence" not in seeded_table(runs, "accuracy", "max")
 
 
 def test_one_seed_is_never_within_noise():
@@ -173,6 +228,7 @@ def trained(run_dir) -> list[dict]:
 def test_seeds_give_different_runs_the_same_seed_the_same_run_and_resume_per_seed(tmp_path, tiny_csv, one_thread):
     raw = tiny_config(tmp_path, tiny_csv, rounds=1) | {"seeds": [3, 4]}
     raw["data"] |= {"max_train_examples": 48, "max_test_examples": 16}
+    raw["eval"] |= {"equivalence_band": 0.05}  # judged by it, not trained differently: seeds 3 of both runs agree
     root = run_config(validate(raw), tiny_csv)
     first, second = root / "seed=3", root / "seed=4"
     assert trained(first) != trained(second)
@@ -180,9 +236,13 @@ def test_seeds_give_different_runs_the_same_seed_the_same_run_and_resume_per_see
     assert trained(again / "seed=3") == trained(first)
     table = (root / "comparison.md").read_text()
     assert "| tiny | 2 |" in table and " ± " in table and (root / "comparison.png").stat().st_size > 1000
+    assert "Equivalence within ±0.05 " in table  # the grid's band
     (root / "comparison.png").unlink()
     reported = report_runs([root])  # fedlm report groups the grid's runs by config, seed aside
     assert reported.splitlines()[4].startswith("| tiny | 2 |") and (root / "comparison.png").is_file()
+    assert "Equivalence within ±0.05 " in reported and "Equivalence within ±0.5 " in report_runs([root], band=0.5)
+    with pytest.raises(UserError, match="equivalence-band"):
+        report_runs([root], band=0.0)
     shutil.rmtree(second / "model")  # seed 4 interrupted after its last round; seed 3 finished
     before = (first / "metrics.jsonl").stat().st_mtime_ns
     resume_run(root, tiny_csv)
@@ -226,3 +286,6 @@ def test_setting_key_reads_a_missing_key_as_its_default(tmp_path):
     other["train"]["lr_schedule"] = "cosine"
     assert setting_key({**older, "seed": 1}) == setting_key({**config, "seed": 2})
     assert setting_key(other) != setting_key(config)
+    banded = json.loads(json.dumps(config))
+    banded["eval"]["equivalence_band"] = 0.01  # how the runs are judged, not what they compute
+    assert setting_key(banded) == setting_key(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 import datasets
@@ -226,3 +227,27 @@ def test_split_forward_matches_model_with_eager_attention(tokenizers, family, ta
             inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
         )
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_a_left_padded_opt_batch_crosses_to_the_trunk_and_back_as_the_unsplit_model_computes():
+    """OPT numbers padding -1 for its own position embeddings (run by the client's bottom); what it sends the
+    trunk passes the trunk's message checks (no negative positions), and the trunk's answer is the unsplit one."""
+    from transformers import AutoConfig
+
+    from fedlm.split.trunk import TrunkBackend, TrunkLimits
+
+    config = AutoConfig.for_model("opt", hidden_size=32, num_hidden_layers=3, num_attention_heads=4, ffn_dim=48,
+                                  vocab_size=61, pad_token_id=0, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 7, 8, 9]])
+    mask = (ids != 0).long()
+    split = SplitModel(model, Cut(1, 1))
+    backend = TrunkBackend(split.trunk, 32, lambda params: torch.optim.SGD(params, lr=0.1),
+                           limits=TrunkLimits.for_model(config, None, 2))
+    sent = split.bottom(ids, mask)
+    answer = backend.forward("client", 0, {name: t.detach() for name, t in sent.to_dict().items()})
+    with torch.no_grad():
+        logits = split.top.logits(split.top(dataclasses.replace(sent, hidden=answer["hidden"])), ids)
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(logits[mask.bool()], expected[mask.bool()], rtol=0, atol=1e-5)

@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--headline", choices=("test", "local"),
                         help="score by the shared test split or by the clients' local test splits "
                              "(default: each run's eval.headline)")
+    report.add_argument("--equivalence-band", type=float, metavar="BAND",
+                        help="also judge each setting against its group's best as an equivalence claim: equivalent "
+                             "only when the 95%% interval of their same-seed difference lies inside ±BAND (the "
+                             "headline metric's units, fixed before the runs; default: the runs' "
+                             "eval.equivalence_band)")
 
     audit = sub.add_parser("audit", help="attack a finished run as an honest-but-curious server; writes "
                                          "audit.md and audit.json into it")
@@ -203,7 +208,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "report":
         from fedlm.cli.commands import report_runs
 
-        report_runs([Path(p) for p in args.run_dirs], args.rows, args.cols, args.headline)
+        report_runs([Path(p) for p in args.run_dirs], args.rows, args.cols, args.headline, args.equivalence_band)
         return 0
     if args.command == "run":
         from fedlm.cli.commands import run_command

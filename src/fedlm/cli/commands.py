@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -61,10 +62,11 @@ def _config_value(run_dir: Path, dotted: str) -> str:
 
 
 def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | None = None,
-                headline: str | None = None) -> str:
+                headline: str | None = None, band: float | None = None) -> str:
     """A comparison table of finished runs (or a rows x cols pivot of their final metric); redraws curves (for
     one grid, its comparison.png too). Runs whose configs differ only in their seed are one setting: mean ± sd
-    over the seeds, and verdicts."""
+    over the seeds, and verdicts; with an equivalence ``band`` (else the runs' own ``eval.equivalence_band``),
+    equivalence verdicts on same-seed differences beside them."""
     import json
 
     import yaml
@@ -76,7 +78,9 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
     from fedlm.run.seeds import SeededRow, merge_cells, seeded_table, setting_key, setting_label
     from fedlm.tasks import get_task
 
-    rows, cells, keys = [], [], []
+    if band is not None and not (math.isfinite(band) and band > 0):
+        raise UserError(f"--equivalence-band {band:g}: give a margin > 0 in the headline metric's units")
+    rows, cells, keys, bands = [], [], [], set()
     curves: dict[str, tuple[str, list[list[dict]]]] = {}
     target, direction, split = "", "max", "test"
     for run_dir in run_dirs(paths):
@@ -90,7 +94,9 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
         pivot = bool(rows_key and cols_key)
         group = _config_value(run_dir, rows_key) if pivot else ""
         key, label = setting_key(config), setting_label(run_dir.name) or run_dir.parent.name  # 'seed=1': a grid's
-        rows.append(SeededRow(label, group, {"run": run_dir.name, **summary, **downstream_scores(run_dir)}, key))
+        rows.append(SeededRow(label, group, {"run": run_dir.name, **summary, **downstream_scores(run_dir)}, key,
+                              config.get("seed")))
+        bands.add(evaluation.get("equivalence_band"))
         curves.setdefault(key, (label, []))[1].append(records)
         if pivot:
             cells.append((group, _config_value(run_dir, cols_key), summary, target))
@@ -98,7 +104,11 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
     if len(paths) == 1 and (paths[0] / "grid.yaml").is_file() and curves:
         plot_grid(list(curves.values()), target, paths[0] / "comparison.png", f"{paths[0].name}: {target} per round",
                   split)
-    text = seeded_table(rows, target, direction) if rows else "(no runs)\n"
+    if band is None and len(bands - {None}) > 1:
+        raise UserError(f"the runs fix different equivalence bands ({', '.join(map(str, sorted(bands - {None})))}): "
+                        "give one with --equivalence-band")
+    band = band if band is not None else next(iter(bands - {None}), None)
+    text = seeded_table(rows, target, direction, band) if rows else "(no runs)\n"
     if cells:
         text += "\n" + pivot_table(merge_cells(cells, keys))
     print(text)

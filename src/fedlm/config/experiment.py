@@ -116,6 +116,7 @@ class ExperimentConfig(Section):
                              "saves the adapter; remove downstream or the adapter section")
         self._check_privacy()
         self._check_attack()
+        self._check_quantization()
         self._load_partition_column()
         if not self.name.strip(". "):
             raise ValueError(f"name = {self.name!r} would write outside output_dir; give the run a name")
@@ -135,6 +136,27 @@ class ExperimentConfig(Section):
             raise ValueError(f"partition.column is {part.column!r} but data.columns.group is {given!r}: a natural "
                              f"partition splits on the group column; set partition.column: group (or {given}), "
                              "or remove data.columns.group")
+
+    def _check_quantization(self) -> None:
+        """A quantized base is a pretrained checkpoint, frozen under an adapter, in one process."""
+        if self.model.quantization is None:
+            return
+        bits = self.model.quantization.bits
+        if self.model.checkpoint is None or self.model.preset is not None:
+            raise ValueError(f"model.quantization loads a pretrained checkpoint in {bits} bits; a preset builds a "
+                             "random model: set model.checkpoint (and model.preset: null), or drop quantization")
+        if self.adapter is None:
+            raise ValueError(f"a {bits}-bit base cannot be fine-tuned in full (its packed weights do not train): "
+                             "add an adapter section (adapter.kind: lora), or drop model.quantization")
+        if self.adapter.save_merged:
+            raise ValueError("adapter.save_merged would round the trained adapter into the quantized base: set it "
+                             "false (the adapter is saved beside the base)")
+        if self.split is not None:
+            raise ValueError("model.quantization is not offered for split learning yet (the trunk's packed weights "
+                             "are not cut into parts): remove the split section or the quantization")
+        if self.privacy.kind == "sample":
+            raise ValueError("privacy.kind sample (Opacus' per-example gradients) does not run on quantized layers: "
+                             "use privacy.kind client, or drop model.quantization")
 
     def _check_attack(self) -> None:
         """Attackers must exist, and train as FedAvg-family clients (a split client's parts are not a model update)."""

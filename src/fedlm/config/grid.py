@@ -60,6 +60,8 @@ def expand_runs(config: ExperimentConfig) -> list[GridRun]:
         return [GridRun("", config, "", "", None)]
     base = config.model_dump()
     base["grid"], base["baselines"], base["seeds"] = {}, [], []
+    if "preset" not in config.model.model_fields_set:  # the default preset: a run whose axis sets a checkpoint
+        del base["model"]["preset"]  # loads it (a written preset would build a fresh model instead)
     keys = list(grid)
     # no grid axes: one combination, the config itself (beside its baselines, or under each seed)
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]

@@ -53,8 +53,9 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    family: str = Field("bert", description="a transformers model_type: bert, roberta, distilbert, gpt2, llama, t5, "
-                        "bart (trained tokenizers), or any other with a checkpoint (mistral, qwen2, gemma3_text ...)")
+    family: str = Field("bert", description="a transformers model_type: any encoder-only or decoder-only family "
+                        "trains from a preset with a tokenizer fedlm trains (t5, bart too); other encoder-decoders "
+                        "need a checkpoint for their tokenizer")
     preset: Literal["tiny", "small", "base"] | None = "tiny"
     checkpoint: str | None = Field(None, description="'minilm', a local directory, or a hub name")
     vocab_size: int = Field(8000, ge=100)
@@ -66,6 +67,19 @@ class ModelConfig(Section):
                             "token, last for decoders); mean: the mean of the token states (encoders); auto: mean "
                             "for a sentence-transformers checkpoint that pools by mean (e.g. minilm), else first")
     overrides: dict[str, Any] = Field(default_factory=dict)
+    quantization: QuantizationConfig | None = Field(
+        None, description="load the checkpoint's base in 4 or 8 bits through bitsandbytes (QLoRA: an adapter "
+                          "trains on it; pip install 'fedlm[qlora]')")
+
+
+class QuantizationConfig(Section):
+    """A quantized, frozen base (bitsandbytes): its packed weights neither train nor travel."""
+
+    bits: Literal[4, 8] = 4
+    type: Literal["nf4", "fp4"] = Field("nf4", description="4 bits: NormalFloat4 (QLoRA's) or plain FP4")
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="4 bits: the dtype the layers compute in (bfloat16 on GPUs that have it)")
+    double_quant: bool = Field(False, description="4 bits: quantize the quantization constants too")
 
 
 class TrainConfig(Section):
@@ -90,6 +104,9 @@ class TrainConfig(Section):
                              "predicts (evaluation always masks 15%); 0.4 trains small models faster")
     device: str = Field("auto", description="auto (CUDA if present, else MPS, else CPU) | cpu | cuda | cuda:N | mps: "
                                             "where the model, a split run's trunk and its client parts compute")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute block activations in the backward pass: less memory, ~30% more compute "
+                           "(clients, split parts and the trunk alike)")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="autocast for training and evaluation: fp32 (none) | bf16 | fp16 (with loss scaling; "
                             "not for split runs); parameters, what is sent and the server's average stay fp32")
@@ -165,7 +182,7 @@ class AdapterConfig(Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout on the adapter's input")
     target_modules: list[str] | Literal["all-linear"] | None = Field(
         None, description="module names (suffixes) to adapt, or all-linear (every linear layer in the blocks); "
-                          "null: peft's default for the family")
+                          "null: peft's default for the family, else all-linear")
     feedforward_modules: list[str] | None = Field(None, description="IA3: which targets scale their input (MLP)")
     prefix_length: int = Field(16, ge=1, description="virtual tokens prepended to every block's keys/values")
     projection: bool = Field(True, description="prefix: produce the prefixes by an MLP from a smaller embedding")
@@ -265,6 +282,10 @@ class EvalConfig(Section):
     headline: Literal["test", "local"] = Field(
         "test", description="score runs by the shared test split, or by the clients' means on their local splits")
     max_answer_length: int = Field(30, ge=1, description="qa: the longest answer span predicted, in tokens")
+    equivalence_band: float | None = Field(
+        None, gt=0, description="a grid's equivalence margin in the headline metric's units (accuracy 0.01 = one "
+                                "point), fixed before the runs: comparison.md then calls two settings equivalent "
+                                "only when the whole 95% interval of their same-seed difference lies inside ±band")
 
 
 class AttackConfig(Section):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ from peft import (
     load_peft_weights,
     set_peft_model_state_dict,
 )
+from peft.utils import (
+    TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING,
+    TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING,
+)
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
@@ -56,9 +61,14 @@ from fedlm.models.prefixes import attach_prefixes, attention_modules, gather_pre
 
 __all__ = ["PREFIX_KINDS", "Adapter", "apply_adapter", "head_module_names", "linear_block_modules"]
 
+log = logging.getLogger("fedlm")
+
 PREFIX_KINDS = ("prefix", "p_tuning_v2")
 HEAD_TASKS = ("classification", "regression", "tagging", "qa")  # heads of their own, not tied to embeddings
 _IN_BLOCK = re.compile(r"\.\d+\.")  # a dotted name inside a numbered ModuleList entry: a transformer block
+# peft's own default targets per model_type, where it has them
+_PEFT_DEFAULTS = {"lora": TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING,
+                  "ia3": TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING}
 
 
 @dataclass
@@ -125,6 +135,8 @@ def apply_adapter(spec: AdapterConfig, model: PreTrainedModel, task: str, seed: 
 
 def _peft_config(spec: AdapterConfig, model: PreTrainedModel, head: list[str] | None) -> PeftConfig:
     targets: Any = spec.target_modules
+    if targets is None and spec.kind in _PEFT_DEFAULTS:
+        targets = _default_targets(spec.kind, model)
     if targets == "all-linear":
         targets = linear_block_modules(model)
     transposed = any(isinstance(m, Conv1D) for m in model.modules())  # GPT-2 stores its linears as (in, out)
@@ -142,6 +154,21 @@ def _peft_config(spec: AdapterConfig, model: PreTrainedModel, head: list[str] | 
                               prefix_projection=projection,
                               encoder_hidden_size=spec.projection_size or model.config.hidden_size,
                               modules_to_save=head)
+
+
+def _default_targets(kind: str, model: PreTrainedModel) -> str | None:
+    """``target_modules: null``: peft's default for the family (bert's query and value, llama's q_proj and
+    v_proj ...), so that the families it knows adapt what they always have; where peft has none, or names
+    modules this model lacks (olmo2, modernbert, phi3, distilbert ...), every linear layer in the blocks
+    (``all-linear``), which every family with blocks has."""
+    model_type = model.config.model_type
+    names = _PEFT_DEFAULTS[kind].get(model_type)
+    modules = [name for name, _ in model.named_modules()]
+    if names and all(any(m == n or m.endswith(f".{n}") for m in modules) for n in names):
+        return None  # peft's own default
+    log.info("adapter.kind %s on a %s model: peft has no default target_modules for this family; adapting every "
+             "linear layer in the blocks (all-linear)", kind, model_type)
+    return "all-linear"
 
 
 def linear_block_modules(model: torch.nn.Module) -> list[str]:

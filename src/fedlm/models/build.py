@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import (
@@ -26,7 +27,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
 
 from fedlm.errors import UserError
 from fedlm.models.checkpoints import checked_checkpoint
@@ -37,14 +37,20 @@ from fedlm.models.presets import (
     ENCODER_DECODERS,
     ENCODERS,
     FAMILIES,
+    POSITIONS_AFTER_PAD,
     check_family,
     check_overrides,
     config_class,
     get_preset,
     is_decoder_family,
+    is_encoder_decoder_family,
     preset_config_kwargs,
 )
-from fedlm.models.tokenizers import RECIPE_VERSION, RECIPES, train_tokenizer
+from fedlm.models.quantization import bnb_config
+from fedlm.models.tokenizers import RECIPE_VERSION, recipe_for, train_tokenizer
+
+if TYPE_CHECKING:
+    from fedlm.config import QuantizationConfig
 
 __all__ = ["FAMILIES", "build_model", "build_tokenizer", "resolve_checkpoint"]
 
@@ -66,15 +72,17 @@ _TASK_HEADS = {
 }
 
 
-def resolve_checkpoint(name: str) -> str | Path:
+def resolve_checkpoint(name: str, *, tokenizer_only: bool = False) -> str | Path:
     """``"minilm"`` -> the bundled package dir; ``"gemma3-270m"`` or a ``.gguf`` file -> its converted, cached
-    directory; an existing local dir -> itself; anything else -> hub name."""
+    directory; an existing local dir -> itself; anything else -> hub name. ``tokenizer_only``: a directory that
+    holds just a tokenizer will do (a preset model borrowing a checkpoint's tokenizer)."""
     if name == MINILM:
         return _minilm_dir()
     converted = resolve_gguf(name)
     if converted is not None:
         return converted
-    return checked_checkpoint(name)  # a missing / empty directory or an unknown hub name: one line, no retries
+    # a missing / empty directory or an unknown hub name: one line, no retries
+    return checked_checkpoint(name, tokenizer_only=tokenizer_only)
 
 
 def _minilm_dir() -> Path:
@@ -94,19 +102,24 @@ def build_tokenizer(
     vocab_size: int,
     cache_dir: Path | None = None,
 ) -> PreTrainedTokenizerFast:
-    """Load a checkpoint's tokenizer, or train ``family``'s recipe on ``train_texts`` (cached if asked)."""
+    """Load a checkpoint's tokenizer (a tokenizer-only directory will do), or train the recipe for ``family``
+    (:func:`fedlm.models.tokenizers.recipe_for`: its own, a decoder's byte-level BPE, an encoder's WordPiece) on
+    ``train_texts``, cached if asked."""
     check_family(family)
     if model_name_or_path is not None:
-        return _load_tokenizer(resolve_checkpoint(model_name_or_path), family)
+        return _load_tokenizer(resolve_checkpoint(model_name_or_path, tokenizer_only=True), family)
     if train_texts is None:
         raise UserError("a tokenizer needs either a checkpoint or training texts")
-    if family not in RECIPES:
-        raise UserError(f"fedlm trains tokenizers for the families {', '.join(RECIPES)}, not {family!r}: "
-                        "set model.checkpoint to a checkpoint of that family (its tokenizer is used)")
+    recipe = recipe_for(family)
+    if recipe is None:
+        raise UserError(f"fedlm trains tokenizers for encoder-only and decoder-only families and for "
+                        f"{', '.join(ENCODER_DECODERS)}, not {family!r}: set model.checkpoint to a checkpoint of "
+                        "that family (its tokenizer is used)")
     texts = list(train_texts)
     if cache_dir is None:
         return train_tokenizer(texts, family, vocab_size)
-    target = Path(cache_dir) / f"tokenizer-{family}-{_tokenizer_key(texts, family, vocab_size)}"
+    # keyed by the recipe, not the family: qwen2 and mistral train the same tokenizer on the same texts
+    target = Path(cache_dir) / f"tokenizer-{recipe}-{_tokenizer_key(texts, recipe, vocab_size)}"
     if not target.is_dir():
         _save_atomically(train_tokenizer(texts, family, vocab_size), target)
     return AutoTokenizer.from_pretrained(target)
@@ -124,8 +137,8 @@ def _load_tokenizer(source: str | Path, family: str) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def _tokenizer_key(texts: list[str], family: str, vocab_size: int) -> str:
-    digest = hashlib.sha256(f"{RECIPE_VERSION}\0{family}\0{vocab_size}\0".encode())
+def _tokenizer_key(texts: list[str], recipe: str, vocab_size: int) -> str:
+    digest = hashlib.sha256(f"{RECIPE_VERSION}\0{recipe}\0{vocab_size}\0".encode())
     for text in texts:
         digest.update(text.encode())
         digest.update(b"\0")
@@ -157,8 +170,14 @@ def build_model(
     overrides: dict | None = None,
     seed: int = 0,
     pooling: str = "auto",
+    quantization: QuantizationConfig | None = None,
+    device: torch.device | None = None,
 ) -> PreTrainedModel:
-    """Model for ``task``: random init from ``preset``, or ``checkpoint`` with any missing head seeded.
+    """Model for ``task``: random init from ``preset``, or ``checkpoint`` with any missing head seeded. Given
+    both, the preset sizes a fresh model and the checkpoint only lent the tokenizer (logged, never silent).
+
+    ``quantization`` loads the checkpoint's base packed in 4 or 8 bits onto ``device`` (bitsandbytes places it
+    there; :mod:`fedlm.models.quantization`).
 
     ``pooling`` (classification / regression) is what the head reads: ``first`` the family's own token,
     ``mean`` the mean of the token states (``classifier_pooling`` in the model's config, read by
@@ -169,14 +188,19 @@ def build_model(
     overrides = dict(overrides or {})
     check_overrides(family, overrides)
     config_kwargs = {**_task_config(task, num_labels), "pad_token_id": tokenizer.pad_token_id, **overrides}
+    if preset is None and checkpoint is None:
+        raise UserError("a model needs either a preset or a checkpoint")
+    if preset is not None and checkpoint is not None:
+        log.info("model.preset %s sizes a fresh, randomly initialised %s model; checkpoint %r lends only its "
+                 "tokenizer (model.preset: null loads its weights)", preset, family, checkpoint)
+        checkpoint = None  # nor does its pooling apply to a head that was never trained
     head_pooling = _pooling(family, pooling, checkpoint) if task in ("classification", "regression") else None
     with _seeded(seed):
         if checkpoint is not None:
-            model = _from_checkpoint(auto_class, family, checkpoint, tokenizer, config_kwargs, task)
-        elif preset is None:
-            raise UserError("a model needs either a preset or a checkpoint")
+            model = _from_checkpoint(auto_class, family, checkpoint, tokenizer, config_kwargs, task,
+                                     _quantized_loading(quantization, device))
         else:
-            model = auto_class.from_config(_preset_config(family, preset, tokenizer, config_kwargs))
+            model = _from_preset(auto_class, family, preset, tokenizer, config_kwargs)
     if head_pooling is not None:  # a config attribute the family does not know: set it on the built config
         model.config.classifier_pooling = head_pooling
     return model
@@ -189,12 +213,7 @@ def _auto_class(family: str, task: str) -> type:
     auto_class, families = _TASK_HEADS[task]
     if family not in families and not _other_family_supports(family, task, auto_class):
         raise UserError(f"task {task!r} needs one of the families {', '.join(families)}, not {family!r}")
-    return AutoModelForSeq2SeqLM if task == "seq2seq" and _is_encoder_decoder(family) else auto_class
-
-
-def _is_encoder_decoder(family: str) -> bool:
-    """t5, bart and any family transformers has a seq2seq LM class for (mt5, pegasus, mbart ...)."""
-    return family in ENCODER_DECODERS or family in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    return AutoModelForSeq2SeqLM if task == "seq2seq" and is_encoder_decoder_family(family) else auto_class
 
 
 def _other_family_supports(family: str, task: str, auto_class: type) -> bool:
@@ -202,7 +221,7 @@ def _other_family_supports(family: str, task: str, auto_class: type) -> bool:
     transformers has its task class; language modelling follows the family's kind."""
     if family in ENCODERS + DECODERS + ENCODER_DECODERS:
         return False
-    if task == "seq2seq" and _is_encoder_decoder(family):
+    if task == "seq2seq" and is_encoder_decoder_family(family):
         return True
     if task in ("clm", "seq2seq"):
         return is_decoder_family(family)
@@ -253,10 +272,25 @@ def _task_config(task: str, num_labels: int | None) -> dict:
     return {}
 
 
+def _from_preset(
+    auto_class: type, family: str, preset: str, tokenizer: PreTrainedTokenizerFast, config_kwargs: dict,
+) -> PreTrainedModel:
+    """A fresh model; a family whose config checks reject the preset's sizes (its own fields, such as a rotary
+    width or expert counts, keep their defaults) says so in one line rather than a traceback."""
+    try:
+        return auto_class.from_config(_preset_config(family, preset, tokenizer, config_kwargs))
+    except UserError:
+        raise
+    except Exception as exc:  # transformers' own checks of the config, or of the model it sizes
+        reason = " ".join(str(exc).split())
+        raise UserError(f"model.preset {preset} cannot build a {family} model ({type(exc).__name__}: {reason}); "
+                        "set its own config fields in model.overrides, or use a model.checkpoint") from None
+
+
 def _preset_config(family: str, preset: str, tokenizer: PreTrainedTokenizerFast, config_kwargs: dict):
     kwargs = preset_config_kwargs(family, get_preset(preset), tokenizer.pad_token_id)
     kwargs["vocab_size"] = len(tokenizer)
-    kwargs.update({name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id")})
+    kwargs.update(_special_token_ids(family, tokenizer))
     if family in DECODER_START:
         kwargs["decoder_start_token_id"] = getattr(tokenizer, DECODER_START[family])
         if family == "bart":  # BART's config would force its own default id 2 as the last token
@@ -264,6 +298,20 @@ def _preset_config(family: str, preset: str, tokenizer: PreTrainedTokenizerFast,
     config = config_class(family)(**{**kwargs, **config_kwargs})
     _check_heads(config)
     return config
+
+
+# special-token roles a tokenizer numbers (pad_token_id comes with the task's config kwargs)
+_TOKEN_ROLES = ("bos_token_id", "eos_token_id", "unk_token_id", "sep_token_id", "cls_token_id", "mask_token_id")
+
+
+def _special_token_ids(family: str, tokenizer: PreTrainedTokenizerFast) -> dict:
+    """Begin / end of text, and every other special-token role the family's config holds and the tokenizer has,
+    as the tokenizer numbers them: the config's defaults number its published vocabulary (ModernBERT's
+    cls_token_id is 50281), which a preset's much smaller trained or borrowed vocabulary does not have."""
+    held = config_class(family)().to_dict()
+    ids = {name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id")}
+    others = {name: getattr(tokenizer, name) for name in _TOKEN_ROLES if name in held and name not in ids}
+    return {**ids, **{name: value for name, value in others.items() if value is not None}}
 
 
 def _check_heads(config) -> None:
@@ -280,23 +328,41 @@ def _check_heads(config) -> None:
 
 def _from_checkpoint(
     auto_class: type, family: str, checkpoint: str, tokenizer: PreTrainedTokenizerFast, config_kwargs: dict,
-    task: str,
+    task: str, loading_kwargs: dict | None = None,
 ) -> PreTrainedModel:
     source = resolve_checkpoint(checkpoint)
     model_type = AutoConfig.from_pretrained(source).model_type
     if model_type != family:
         raise UserError(f"checkpoint {checkpoint!r} is a {model_type} model, but the family is {family!r}")
-    model, loading = auto_class.from_pretrained(source, output_loading_info=True, **config_kwargs)
+    try:
+        model, loading = auto_class.from_pretrained(source, output_loading_info=True, **config_kwargs,
+                                                    **(loading_kwargs or {}))
+    except (ValueError, TypeError, NotImplementedError) as err:
+        if not loading_kwargs:
+            raise
+        reason = " ".join(str(err).split())[:300]
+        raise UserError(f"bitsandbytes cannot quantize this {family} checkpoint ({reason}): drop "
+                        "model.quantization or use another family") from None
     report_new_parameters(model, task, loading["missing_keys"])
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        if loading_kwargs:
+            raise UserError(f"the tokenizer has {len(tokenizer)} tokens, more than the quantized checkpoint's "
+                            f"{model.get_input_embeddings().num_embeddings} embeddings: use its own tokenizer")
         model.resize_token_embeddings(len(tokenizer))
     return model
 
 
+def _quantized_loading(quantization: QuantizationConfig | None, device: torch.device | None) -> dict:
+    """``from_pretrained``'s arguments for a quantized base: bitsandbytes' settings and where it goes."""
+    if quantization is None:
+        return {}
+    return {"quantization_config": bnb_config(quantization), "device_map": {"": str(device or "cpu")}}
+
+
 # families whose positions are a learned table (rotary and relative positions have no hard limit), and how
 # many of its rows go to padding offsets
-_LEARNED_POSITIONS = {"bert": 0, "distilbert": 0, "electra": 0, "gpt2": 0, "bart": 0, "roberta": None,
-                      "xlm-roberta": None, "camembert": None}
+_LEARNED_POSITIONS = {"bert": 0, "distilbert": 0, "electra": 0, "gpt2": 0, "bart": 0,
+                      **dict.fromkeys(POSITIONS_AFTER_PAD)}
 
 
 def check_max_length(model: PreTrainedModel, max_length: int) -> None:

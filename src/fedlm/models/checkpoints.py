@@ -19,21 +19,33 @@ from fedlm.errors import UserError
 
 HUB_TIMEOUT_S = 10.0
 _SAVED = "a directory written by save_pretrained (a run's model/ directory) or a hub model name"
+_MODEL_FILES = ("config.json",)
+# what AutoTokenizer reads without a model config (a tokenizer's own save_pretrained writes both)
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "config.json")
 
 
-def checked_checkpoint(name: str) -> str | Path:
-    """``name`` as transformers should load it: an existing directory, or a hub name known to be loadable."""
+def checked_checkpoint(name: str, *, tokenizer_only: bool = False) -> str | Path:
+    """``name`` as transformers should load it: an existing directory, or a hub name known to be loadable.
+    ``tokenizer_only``: only its tokenizer is wanted, so a directory with a tokenizer and no model will do."""
     path = Path(name).expanduser()
+    files = _TOKENIZER_FILES if tokenizer_only else _MODEL_FILES
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            what = "is empty" if not any(path.iterdir()) else "has no config.json, so it is not a saved model"
-            raise UserError(f"checkpoint directory {path} {what}: give {_SAVED}")
-        return path
+        if any((path / file).is_file() for file in files):
+            return path
+        if not any(path.iterdir()):
+            raise UserError(f"checkpoint directory {path} is empty: give {_SAVED}")
+        if tokenizer_only:
+            raise UserError(f"checkpoint directory {path} holds neither a tokenizer (tokenizer_config.json) nor a "
+                            f"model (config.json): give {_SAVED}")
+        if any((path / file).is_file() for file in _TOKENIZER_FILES):
+            raise UserError(f"checkpoint directory {path} holds only a tokenizer (no config.json), so it has no model "
+                            f"to load: set model.preset to train a fresh model with its tokenizer, or give {_SAVED}")
+        raise UserError(f"checkpoint directory {path} has no config.json, so it is not a saved model: give {_SAVED}")
     if path.exists():
         raise UserError(f"checkpoint {name} is a file, not a model directory: give {_SAVED}")
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise UserError(f"checkpoint directory {path} does not exist: give {_SAVED}")
-    _check_hub(name)
+    _check_hub(name, files)
     return name
 
 
@@ -44,10 +56,10 @@ def offline() -> bool:
 
 
 @functools.cache
-def _check_hub(name: str) -> None:
-    """A hub name: cached, else asked of the hub once (never while offline)."""
+def _check_hub(name: str, files: tuple[str, ...] = _MODEL_FILES) -> None:
+    """A hub name: cached (one of ``files``), else asked of the hub once (never while offline)."""
     try:
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        if any(isinstance(try_to_load_from_cache(name, file), str) for file in files):
             return
     except HFValidationError:
         raise UserError(f"checkpoint {name!r} is neither a local directory nor a valid hub model name: "

@@ -19,8 +19,13 @@ the final norm and the rotary embedding on the loaded model. The bottom runs the
 family's own code); the trunk and top call their blocks with the masks and rotary embeddings rebuilt on
 each side from the 2-D padding mask and position ids with ``transformers.masking_utils``, per attention
 kind (full, sliding window), so what crosses the boundary stays small and serialisable (see
-:class:`Activations`). Encoder-decoders (t5, bart) are refused with one line: every decoder block
-cross-attends to the encoder's output, so there is no single stack to cut.
+:class:`Activations`). What else a family's blocks take is rebuilt the same way where the family's own code
+can be asked for it: an encoder that builds its blocks' attention inputs itself (DeBERTa's
+``get_attention_mask``, ``get_rel_pos``, ``get_rel_embedding``) is asked; Falcon's ``alibi`` is ``None`` when its
+config uses rotary embeddings. Encoder-decoders (t5, bart) are refused with one line: every decoder block
+cross-attends to the encoder's output, so there is no single stack to cut; so is any family whose blocks
+need what a part cannot rebuild (ALiBi folded into the mask, modules run between blocks), and
+:meth:`SplitModel.check_exact` refuses, before training, a model whose split forward is not its own.
 
 Protocol of one training step (each ``detached()`` stands for a network hop)::
 
@@ -41,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +62,7 @@ from transformers.masking_utils import (
 
 from fedlm.errors import UserError
 from fedlm.models.heads import find_head
-from fedlm.models.introspect import FULL, SLIDING, Layout, cache_argument, find_layout
+from fedlm.models.introspect import FULL, SLIDING, Layout, cache_argument, find_layout, self_attributes
 
 __all__ = ["Activations", "ClientBottom", "ClientTop", "Cut", "ServerTrunk", "SplitModel"]
 
@@ -81,7 +86,8 @@ class Activations:
 
     hidden: Tensor  # (batch, seq, width)
     attention_mask: Tensor | None = None  # (batch, seq) 2-D padding mask, 1 = token, 0 = padding; None = no padding
-    position_ids: Tensor | None = None  # (1 or batch, seq); decoders only (causal mask, rotary embeddings)
+    position_ids: Tensor | None = None  # (1 or batch, seq); decoders only (causal mask, rotary embeddings);
+    # an encoder's rotary embedding (ModernBERT) numbers its tokens 0..n-1 on each side
 
     def detached(self) -> Activations:
         """The copy the receiver works on: ``hidden`` cut from the sender's graph, as a leaf needing grad."""
@@ -132,16 +138,25 @@ class _Part(nn.Module):
         self._layout = layout
         self._types = layout.layer_types[first : first + len(blocks)]
         self._config = base.config
-        self._takes_positions = bool(blocks) and "position_ids" in inspect.signature(blocks[0].forward).parameters
+        takes = inspect.signature(blocks[0].forward).parameters if blocks else {}
+        self._takes_positions = "position_ids" in takes
+        self._no_alibi = {"alibi": None} if "alibi" in takes else {}  # ALiBi on is refused (_check_block_inputs)
+        # a plain tuple: the container (the base model, OPT's decoder, DeBERTa's encoder) is not the part's module
+        self._container: tuple[nn.Module, ...] = (base.get_submodule(layout.container) if layout.container else base,)
+        self._own_inputs = _builds_own_inputs(self._container[0], takes)
 
     def _run_blocks(self, acts: Activations) -> Activations:
         if not len(self.blocks):
             return acts
         hidden, position_ids = acts.hidden, acts.position_ids
-        masks = {kind: self._mask(kind, hidden, acts.attention_mask, position_ids) for kind in set(self._types)}
+        if self._own_inputs:
+            masks, shared = self._container_inputs(hidden, acts.attention_mask)
+        else:
+            masks = {kind: self._mask(kind, hidden, acts.attention_mask, position_ids) for kind in set(self._types)}
+            shared = dict(self._no_alibi)
         rotary = self._rotary(hidden, position_ids)
         for block, kind in zip(self.blocks, self._types, strict=True):
-            extra = {}
+            extra = dict(shared)
             if self._takes_positions and position_ids is not None:
                 extra["position_ids"] = position_ids
             if self.rotary is not None:
@@ -149,6 +164,16 @@ class _Part(nn.Module):
             out = block(hidden, attention_mask=masks[kind], **extra)
             hidden = out[0] if isinstance(out, tuple) else out
         return dataclasses.replace(acts, hidden=hidden)
+
+    def _container_inputs(self, hidden: Tensor, mask_2d: Tensor | None) -> tuple[dict[str, object], dict]:
+        """The attention mask and relative positions as the blocks' container builds them (DeBERTa: a 0/1
+        mask over query and key, never None; relative positions and their embeddings, shared by all blocks)."""
+        container = self._container[0]
+        if mask_2d is None:  # the base model's own default: every token visible
+            mask_2d = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        mask = container.get_attention_mask(mask_2d)
+        return ({kind: mask for kind in set(self._types)},
+                {"relative_pos": container.get_rel_pos(hidden), "rel_embeddings": container.get_rel_embedding()})
 
     def _mask(self, kind: str, hidden: Tensor, mask_2d: Tensor | None, position_ids: Tensor | None) -> object:
         if self._layout.causal:
@@ -160,6 +185,8 @@ class _Part(nn.Module):
     def _rotary(self, hidden: Tensor, position_ids: Tensor | None) -> object:
         if self.rotary is None:
             return None
+        if position_ids is None:  # an encoder's rotary embedding (ModernBERT): tokens 0..n-1, as its model numbers them
+            position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
         if self._layout.rotary_per_type:
             return {kind: self.rotary(hidden, position_ids, kind) for kind in set(self._types)}
         return self.rotary(hidden, position_ids)
@@ -179,7 +206,7 @@ class ClientBottom(_Part):
     def __init__(self, model: PreTrainedModel, layout: Layout, blocks: list[nn.Module], stop_at: nn.Module) -> None:
         super().__init__(model, layout, blocks, 0)
         base = model.base_model
-        self.embeddings = nn.ModuleDict({name: getattr(base, name) for name in layout.embeddings})
+        self.embeddings = nn.ModuleList([base.get_submodule(path) for path in layout.embeddings])
         # plain tuples: the base model and the first server block are not the bottom's modules
         self._base: tuple[nn.Module, ...] = (base,)
         self._stop_at: tuple[nn.Module, ...] = (stop_at,)
@@ -201,6 +228,10 @@ class ClientBottom(_Part):
         position_ids = block_kwargs.get("position_ids")
         if position_ids is None and self._layout.causal:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        elif position_ids is not None:
+            # OPT numbers padding -1 (its position embeddings, already added here, skip it); the trunk refuses
+            # negative positions, and a masked pad's position is never seen
+            position_ids = position_ids.clamp(min=0)
         return Activations(hidden, attention_mask, position_ids)
 
     def _first_server_input(self, input_ids: Tensor, attention_mask: Tensor | None, kwargs: dict) -> tuple:
@@ -221,7 +252,12 @@ class ClientBottom(_Part):
 
 
 class ServerTrunk(_Part):
-    """Server: the middle blocks. Sees hidden states and masks only."""
+    """Server: the middle blocks, and what its blocks alone read besides their own weights (DeBERTa's relative
+    position embeddings, when the client keeps no block). Sees hidden states and masks only."""
+
+    def __init__(self, model: PreTrainedModel, layout: Layout, blocks: list[nn.Module], first: int) -> None:
+        super().__init__(model, layout, blocks, first)
+        self.shared = nn.ModuleList([model.base_model.get_submodule(path) for path in layout.shared])
 
     def forward(self, acts: Activations) -> Activations:
         return self._run_blocks(acts)
@@ -236,14 +272,15 @@ class ClientTop(_Part):
     ) -> None:
         super().__init__(model, layout, blocks, first)
         self.head = nn.ModuleDict(head)
+        self.final = nn.ModuleList([model.base_model.get_submodule(path) for path in layout.final_norm])
         self._task_class = type(model).__name__
         self._head_fn = find_head(model)
 
     def forward(self, acts: Activations) -> Tensor:
         """-> the base model's ``last_hidden_state`` (what the task's head modules take)."""
         hidden = self._run_blocks(acts).hidden
-        for name in self._layout.final_norm:
-            hidden = self.head[name](hidden)
+        for module in self.final:  # a final norm (OPT: then its projection out)
+            hidden = module(hidden)
         return hidden
 
     def logits(self, hidden: Tensor, input_ids: Tensor | None = None) -> Tensor:
@@ -268,6 +305,7 @@ class SplitModel:
                 f"cannot cut a {n}-block {family} model into {k} bottom + {m} top client blocks: "
                 f"the server trunk needs at least one block (bottom_blocks + top_blocks < {n}, both >= 0)"
             )
+        _check_block_inputs(model, layout, blocks[0], cut)
         self.model = model
         self.cut = cut
         self.layout = layout
@@ -303,6 +341,84 @@ class SplitModel:
         hidden = self.top(self.trunk(self.bottom(input_ids, attention_mask, token_type_ids)))
         return self.top.logits(hidden, input_ids)
 
+    def check_exact(self, atol: float | None = None) -> None:
+        """Refuse, in one line, a model whose split forward is not its own: the bottom, trunk and top run on a
+        small batch with and without padding (in eval mode, without gradients) must give the base model's last
+        hidden state at every real token, and the top's head the task model's logits. Catches, before training,
+        whatever in a family the parts do not rebuild; ``atol`` (relative to the values' scale) defaults to
+        1e-4 in float32, 5e-2 in 16 bits."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for padded in (True, False):
+                    ids, mask = self._probe(padded)
+                    where = f"on a batch {'with' if padded else 'without'} padding"
+                    hidden = self._run_split(self._hidden, ids, mask)
+                    out = self.model.base_model(input_ids=ids, attention_mask=mask, **self.bottom._no_cache)
+                    want = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+                    real = mask.bool()
+                    self._compare("forward", hidden[real], want[real], where, atol)
+                    expected = self._model_logits(ids, mask)
+                    if expected is not None:
+                        logits = self._run_split(self.top.logits, hidden, ids)
+                        pick = real if expected.dim() == 3 else slice(None)
+                        self._compare("task head", logits[pick], expected[pick], where, atol)
+        finally:
+            self.model.train(was_training)
+
+    def _hidden(self, ids: Tensor, mask: Tensor) -> Tensor:
+        return self.top(self.trunk(self.bottom(ids, mask)))
+
+    def _run_split(self, step: Callable[..., Tensor], *args: Tensor) -> Tensor:
+        try:
+            return step(*args)
+        except UserError:
+            raise
+        except Exception as exc:  # a model-support error: no retry can fix it, so it stops the run at once
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise UserError(f"cannot split a {self.model.config.model_type} model: it fails when run by split "
+                            f"parts ({reason}); {_INSTEAD}") from exc
+
+    def _model_logits(self, ids: Tensor, mask: Tensor) -> Tensor | None:
+        """The task model's own logits on the probe; None where the top has no head or the model cannot run it
+        (a decoder classifier without a pad token): nothing to compare."""
+        if self.top._head_fn is None:
+            return None
+        try:
+            logits = getattr(self.model(input_ids=ids, attention_mask=mask, **self.bottom._no_cache), "logits", None)
+        except Exception:  # the unsplit model's own limits (no pad token, ...) are not the split's to judge
+            return None
+        return logits if isinstance(logits, Tensor) else None
+
+    def _compare(self, what: str, got: Tensor, want: Tensor, where: str, atol: float | None) -> None:
+        family = self.model.config.model_type
+        if got.shape != want.shape:
+            raise UserError(f"cannot split a {family} model: its split {what} gives shape {tuple(got.shape)} where "
+                            f"the unsplit model gives {tuple(want.shape)}; {_INSTEAD}")
+        diff = (got.float() - want.float()).abs().max().item()
+        scale = max(1.0, want.float().abs().max().item())
+        tolerance = atol if atol is not None else (1e-4 if want.dtype == torch.float32 else 5e-2)
+        if not diff <= tolerance * scale:  # also refuses NaN
+            raise UserError(f"cannot split a {family} model exactly: its split {what} differs from the unsplit "
+                            f"model's by {diff:.1e} {where}, so split training would not train this model; "
+                            f"{_INSTEAD}")
+
+    def _probe(self, padded: bool) -> tuple[Tensor, Tensor]:
+        """Two rows of 6 token ids (no pad id among them) and their mask: the second row's last two tokens
+        are padding (its first two for a decoder, which pads on the left) when ``padded``."""
+        config = self.model.config
+        device = next(self.model.parameters()).device
+        vocab = self.model.get_input_embeddings().num_embeddings
+        pad = config.pad_token_id if config.pad_token_id is not None else 0
+        ids = (torch.arange(12, device=device).view(2, 6) * 7 + 3) % vocab
+        ids = ids.masked_fill(ids == pad, (pad + 1) % vocab)
+        mask = torch.ones_like(ids)
+        if padded:
+            mask[1, slice(0, 2) if self.layout.causal else slice(4, 6)] = 0
+            ids = ids.masked_fill(mask == 0, pad)
+        return ids, mask
+
     def _names(self, params: list[nn.Parameter]) -> list[str]:
         wanted = {id(p) for p in params}
         return [name for name, p in self.model.named_parameters() if id(p) in wanted]
@@ -318,6 +434,46 @@ class SplitModel:
                 f"cannot split this {type(self.model).__name__}: parameters shared by client and server "
                 f"{shared or 'none'}, owned by neither {missing or 'none'}"
             )
+
+
+_INSTEAD = ("train it without a split section (fedavg, with or without an adapter), or split a family the README's "
+            "family table lists as exact")
+_SUPPLIED = {"attention_mask", "position_ids", "position_embeddings", "alibi"}
+
+
+def _builds_own_inputs(container: nn.Module, takes: Mapping[str, inspect.Parameter]) -> bool:
+    """Whether the blocks' container builds their attention inputs itself (DeBERTa's encoder: its own mask
+    convention and relative positions), so a part asks it rather than ``masking_utils``."""
+    return all(callable(getattr(container, name, None))
+               for name in ("get_attention_mask", "get_rel_pos", "get_rel_embedding")) and "rel_embeddings" in takes
+
+
+def _check_block_inputs(model: PreTrainedModel, layout: Layout, block: nn.Module, cut: Cut) -> None:
+    """Refuse, in one line naming the family, a model whose blocks need what a split part cannot give them."""
+    family = model.config.model_type
+    takes = inspect.signature(block.forward).parameters
+    container = model.base_model.get_submodule(layout.container) if layout.container else model.base_model
+    own = _builds_own_inputs(container, takes)
+    if "alibi" in takes and getattr(model.config, "alibi", True):
+        raise UserError(f"cannot split a {family} model with ALiBi position biases: its model's forward folds them "
+                        "into the attention mask, which a split part does not rebuild; use rotary embeddings "
+                        f"(falcon: alibi false) or {_INSTEAD}")
+    needed = [name for name, p in list(takes.items())[1:] if p.default is inspect.Parameter.empty
+              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in _SUPPLIED]
+    if needed:
+        raise UserError(f"cannot split a {family} model: its blocks need {', '.join(needed)}, which a split part "
+                        f"does not rebuild; {_INSTEAD}")
+    params = {path for path in layout.shared if any(True for _ in model.base_model.get_submodule(path).parameters())}
+    used = self_attributes(type(container).get_rel_embedding) if own else set()  # what the parts run of them
+    read = {f"{layout.container}.{name}" for name in used}
+    unrun = sorted(params - read)
+    if unrun:
+        raise UserError(f"cannot split a {family} model: its {layout.container} runs {', '.join(unrun)} between "
+                        f"its blocks, which a split part does not run; {_INSTEAD}")
+    if params and (cut.bottom_blocks or cut.top_blocks):
+        raise UserError(f"cannot split a {family} model with client blocks: every block reads "
+                        f"{', '.join(sorted(params))} (relative position embeddings), which must stay on one side; "
+                        "use split.bottom_blocks 0 and split.top_blocks 0 (the server holds every block)")
 
 
 def _top_head_modules(model: PreTrainedModel, layout: Layout) -> dict[str, nn.Module]:

@@ -6,7 +6,11 @@ What split learning and the sharing selectors need to know about an architecture
   attention module; an encoder-decoder (t5, bart) has two such lists, encoder then decoder;
 * what runs before the blocks (embeddings: every base-model child registered before the one holding the
   blocks) and what runs after (a final norm: a later child whose class is a norm; anything else, such as
-  BERT's pooler, belongs to the task head);
+  BERT's pooler, belongs to the task head). When the blocks sit in a container of their own (OPT's
+  ``decoder``, DeBERTa's ``encoder``), the container's other children are sorted by where its ``forward``
+  uses them, since registration order does not say (OPT registers its final norm before its layers): before
+  the loop over the blocks (embeddings), after it (final norm and projection), or between the blocks
+  (``shared``: DeBERTa's relative position embeddings, which every block reads);
 * a rotary embedding, if any: a parameter-free child holding an ``inv_freq`` buffer, recomputed by each part;
 * whether attention is causal (the attention modules' own ``is_causal`` flag) and which attention kind each
   block uses (``config.layer_types``: full, sliding window, chunked), so each part rebuilds the family's
@@ -17,7 +21,9 @@ Families whose blocks are not found this way get one line naming them (:func:`fi
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,17 +32,20 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from fedlm.errors import UserError
 
-__all__ = ["BlockStack", "Layout", "block_stacks", "cache_argument", "find_layout", "parameter_groups"]
+__all__ = ["BlockStack", "Layout", "block_stacks", "cache_argument", "find_layout", "parameter_groups",
+           "self_attributes"]
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
-_CACHE_ARGUMENTS = ("cache", "past_key_values")  # transformers 5.24 renamed past_key_values to cache
+# transformers 5.24 renamed past_key_values to cache; GPT-NeoX's and Falcon's attention call theirs layer_past
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "layer_past")
 
 
 def cache_argument(function: Callable) -> str | None:
     """The name under which ``function`` (an attention layer's forward, a mask builder) takes the key/value
-    cache: ``cache`` from transformers 5.24, ``past_key_values`` before; None if it takes none. Asked of the
-    function, not of the version, so both spellings keep working."""
+    cache: ``cache`` from transformers 5.24, ``past_key_values`` before, ``layer_past`` in GPT-NeoX and Falcon
+    attention; None if it takes none. Asked of the function, not of the version or the family, so every
+    spelling keeps working."""
     parameters = inspect.signature(function).parameters
     return next((name for name in _CACHE_ARGUMENTS if name in parameters), None)
 
@@ -51,15 +60,18 @@ class BlockStack:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a decoder-only or encoder-only model keeps its parts (names of base-model children)."""
+    """Where a decoder-only or encoder-only model keeps its parts (dotted paths under the base model)."""
 
     blocks: str  # dotted path, under the base model, of the block ModuleList
-    embeddings: tuple[str, ...]  # base children that run before block 0 (the client bottom owns them)
-    final_norm: tuple[str, ...]  # base children applied after the last block to give ``last_hidden_state``
+    embeddings: tuple[str, ...]  # dotted paths of the modules that run before block 0 (the client bottom owns them)
+    final_norm: tuple[str, ...]  # dotted paths of the modules applied, in order, after the last block to give
+    # ``last_hidden_state`` (a final norm; OPT's also a projection)
     rotary: str | None  # parameter-free rotary embedding, recomputed by each part from position ids
     causal: bool
     layer_types: tuple[str, ...]  # attention kind of each block (full, sliding window, ...)
     rotary_per_type: bool  # the rotary module takes a layer type (Gemma 3: local and global RoPE)
+    shared: tuple[str, ...] = ()  # dotted paths of the blocks' container's modules used between its blocks
+    container: str = ""  # dotted path of the module whose ``forward`` loops over the blocks ("": the base model)
 
 
 def block_stacks(model: nn.Module) -> list[BlockStack]:
@@ -97,20 +109,89 @@ def find_layout(model: PreTrainedModel) -> Layout:
     top = path.split(".")[0]
     names = [name for name, _ in base.named_children()]
     rotary = next((n for n, m in base.named_children() if _is_rotary(m)), None)
-    before = tuple(n for n in names[: names.index(top)] if n != rotary)
+    before = [n for n in names[: names.index(top)] if n != rotary]
     after = [n for n in names[names.index(top) + 1 :] if n != rotary]
-    final_norm = tuple(n for n in after if "norm" in type(getattr(base, n)).__name__.lower())
+    final_norm = [n for n in after if "norm" in type(getattr(base, n)).__name__.lower()]
+    container, _, stack = path.rpartition(".")
+    shared: list[str] = []
+    if container:
+        inner_before, inner_after, shared = _uses_around(base.get_submodule(container), stack)
+        before += [f"{container}.{n}" for n in inner_before]
+        final_norm = [f"{container}.{n}" for n in inner_after] + final_norm
+        shared = [f"{container}.{n}" for n in shared]
     blocks = base.get_submodule(path)
     return Layout(
         blocks=path,
-        embeddings=before,
-        final_norm=final_norm,
+        embeddings=tuple(before),
+        final_norm=tuple(final_norm),
         rotary=rotary,
         causal=_is_causal(blocks[0], model.config),
         layer_types=_layer_types(blocks, base.config),
         rotary_per_type=rotary is not None
         and "layer_type" in inspect.signature(getattr(base, rotary).forward).parameters,
+        shared=tuple(shared),
+        container=container,
     )
+
+
+def _uses_around(container: nn.Module, stack: str) -> tuple[list[str], list[str], list[str]]:
+    """``container``'s children other than its block list ``stack``, by where its ``forward`` uses them: before
+    the loop over the blocks, after it (each in order of first use), and the rest (used inside the loop, only
+    through other methods, or not at all: the blocks' own shared inputs). Read from the source, because
+    registration order does not say (OPT's decoder registers its final norm before its layers); without
+    source, registration order stands in."""
+    children = [name for name, _ in container.named_children() if name != stack]
+    uses = _self_attribute_lines(type(container).forward)
+    loop = _loop_lines(type(container).forward, stack)
+    if uses is None or loop is None:
+        order = [name for name, _ in container.named_children()]
+        return ([n for n in children if order.index(n) < order.index(stack)],
+                [n for n in children if order.index(n) > order.index(stack)], [])
+    first, last = loop
+    lines = {name: min((line for line in uses.get(name, ()) if not first <= line <= last), default=None)
+             for name in children}
+    inside = {name for name in children if any(first <= line <= last for line in uses.get(name, ()))}
+    before = sorted((n for n in children if n not in inside and lines[n] is not None and lines[n] < first),
+                    key=lambda n: lines[n])
+    after = sorted((n for n in children if n not in inside and lines[n] is not None and lines[n] > last),
+                   key=lambda n: lines[n])
+    return before, after, [n for n in children if n not in before and n not in after]
+
+
+def _parsed(function: Callable) -> ast.AST | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _self_attribute_lines(function: Callable) -> dict[str, list[int]] | None:
+    """Each ``self.<name>`` that ``function`` reads -> the source lines that read it; None without source."""
+    tree = _parsed(function)
+    if tree is None:
+        return None
+    lines: dict[str, list[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            lines.setdefault(node.attr, []).append(node.lineno)
+    return lines
+
+
+def self_attributes(function: Callable) -> set[str]:
+    """The ``self.<name>`` attributes ``function`` reads (empty without source)."""
+    return set(_self_attribute_lines(function) or {})
+
+
+def _loop_lines(function: Callable, stack: str) -> tuple[int, int] | None:
+    """First and last source line of ``function``'s ``for`` loop over ``self.<stack>``; None if it has none."""
+    tree = _parsed(function)
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.For) and any(
+            isinstance(sub, ast.Attribute) and sub.attr == stack and isinstance(sub.value, ast.Name)
+            and sub.value.id == "self" for sub in ast.walk(node.iter)
+        ):
+            return node.lineno, node.end_lineno or node.lineno
+    return None
 
 
 def _is_rotary(module: nn.Module) -> bool:
@@ -177,9 +258,9 @@ def _prefix_of(model: nn.Module, base: nn.Module) -> str:
 
 
 def _embedding_prefixes(model: nn.Module, base: nn.Module, prefix: str, stacks: list[BlockStack]) -> tuple[str, ...]:
-    """Module prefixes that hold embeddings: the input embedding table wherever it sits, and every module
-    registered before a block stack beside it (base children before the first stack; an encoder's or
-    decoder's own position embeddings before its stack)."""
+    """Module prefixes that hold embeddings: the input embedding table wherever it sits, base children
+    registered before the first block stack, and the modules a stack's own container uses before its loop over
+    the blocks (an encoder's or decoder's own position embeddings; not OPT's final norm, registered earlier)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     found = [name + "." for name, module in model.named_modules() if embeddings is not None and module is embeddings]
     if not stacks:
@@ -189,6 +270,6 @@ def _embedding_prefixes(model: nn.Module, base: nn.Module, prefix: str, stacks: 
     for stack in stacks:
         parent, _, last = stack.path.rpartition(".")
         if parent:
-            children = [name for name, _ in base.get_submodule(parent).named_children()]
-            found += [f"{prefix}{parent}.{child}." for child in children[: children.index(last)]]
+            before, _, _ = _uses_around(base.get_submodule(parent), last)
+            found += [f"{prefix}{parent}.{child}." for child in before]
     return tuple(found)

@@ -132,6 +132,27 @@ def attach_prefixes(peft_model: PeftModel, model: PreTrainedModel, kind: str) ->
         attention.add_module(PREFIX_NAME, prefix)
         attention.register_forward_pre_hook(_add_prefix, with_kwargs=True)
     scatter_prefixes(peft_model, model)
+    _probe(model, kind)
+
+
+def _probe(model: PreTrainedModel, kind: str) -> None:
+    """One forward of two tokens with the prefixes in place, so that a family whose attention cannot take them
+    (another cache shape than the prefixes', Falcon's eager ALiBi bias) is refused now, in one line, and not at
+    the first training step."""
+    was_training = model.training
+    device = model.get_input_embeddings().weight.device
+    model.eval()  # no dropout: the probe draws no random numbers
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.ones(1, 2, dtype=torch.long, device=device))
+    except UserError:
+        raise
+    except Exception as exc:
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise UserError(f"adapter.kind {kind} on a {model.config.model_type} model: its attention fails with the "
+                        f"prefixes in place ({reason}); use adapter.kind lora or ia3") from exc
+    finally:
+        model.train(was_training)
 
 
 def _block_prefixes(model: nn.Module) -> list[BlockPrefix]:
@@ -167,12 +188,18 @@ class _PrefixedCache:
     """What the attention layer sees as its cache: ``update`` returns ``[prefix; past; new]`` keys/values,
     the past and new ones kept (during generation) by the real cache, which never holds the prefix."""
 
-    def __init__(self, keys: Tensor, values: Tensor, inner: object | None) -> None:
-        self.keys, self.values, self.inner = keys, values, inner
+    def __init__(self, keys: Tensor, values: Tensor, inner: object | None, family: str) -> None:
+        self.keys, self.values, self.inner, self.family = keys, values, inner, family
 
     def update(self, keys: Tensor, values: Tensor, *args: object, **kwargs: object) -> tuple:
         """The layer index and cache kwargs pass through as the layer gave them (their spelling varies across
         transformers versions: ``cache_kwargs`` positional before 5.24, ``kwargs=`` since)."""
+        if keys.shape[1] != self.keys.shape[1] or keys.shape[3] != self.keys.shape[3]:
+            # peft sizes prefixes by the config's (key/value) heads; Falcon-7B's multi-query attention caches one
+            raise UserError(
+                f"prefix tuning on a {self.family} model: its attention caches {keys.shape[1]} key/value head(s) "
+                f"of {keys.shape[3]} dims, but the prefixes were sized for {self.keys.shape[1]} of "
+                f"{self.keys.shape[3]} from its config; use adapter.kind lora or ia3")
         if self.inner is not None:
             keys, values = self.inner.update(keys, values, *args, **kwargs)
         prefix_k, prefix_v = self.keys.to(keys.dtype), self.values.to(values.dtype)
@@ -194,7 +221,8 @@ def _add_prefix(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, di
     if isinstance(inner, EncoderDecoderCache):
         inner = inner.self_attention_cache
     past = inner.get_seq_length(module.layer_idx) if inner is not None else 0
-    bound.arguments[cache] = _PrefixedCache(keys, values, inner)
+    family = getattr(getattr(module, "config", None), "model_type", type(module).__name__)
+    bound.arguments[cache] = _PrefixedCache(keys, values, inner, family)
     bound.arguments["attention_mask"] = widen_mask(
         bound.arguments.get("attention_mask"), keys.shape[2], hidden.shape[1], past,
         causal=bool(getattr(module, "is_causal", False)), eager=module.config._attn_implementation == "eager",

@@ -23,7 +23,11 @@ from transformers import (
     RobertaConfig,
     T5Config,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
 
 from fedlm.errors import UserError
 
@@ -95,6 +99,17 @@ def is_decoder_family(family: str) -> bool:
     return family in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and family not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
+def is_encoder_decoder_family(family: str) -> bool:
+    """t5, bart and any family transformers has a seq2seq LM class for (mt5, pegasus, mbart ...)."""
+    return family in ENCODER_DECODERS or family in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+
+def is_encoder_family(family: str) -> bool:
+    """A masked LM and no seq2seq LM (bert, electra, modernbert, deberta-v2 ...; not bart or mbart), by
+    transformers' own auto mappings."""
+    return family in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not is_encoder_decoder_family(family)
+
+
 # Encoder-decoder families: the decoder stack is sized like the encoder (preset field -> decoder's HF field).
 _DECODER_FIELDS: dict[str, dict[str, str]] = {
     "t5": {"layers": "num_decoder_layers"},
@@ -103,6 +118,9 @@ _DECODER_FIELDS: dict[str, dict[str, str]] = {
 
 # Which special token the decoder starts from (the families' published checkpoints: T5 pad, BART end-of-text).
 DECODER_START: dict[str, str] = {"t5": "pad_token_id", "bart": "eos_token_id"}
+
+# Families that number positions from pad_token_id + 1 (RoBERTa's embeddings and their copies).
+POSITIONS_AFTER_PAD = ("roberta", "xlm-roberta", "camembert")
 
 # Family conventions that differ from the HF config defaults.
 _FAMILY_DEFAULTS: dict[str, dict] = {
@@ -126,8 +144,9 @@ def check_family(family: str) -> None:
 def preset_config_kwargs(family: str, preset: Preset, pad_token_id: int | None) -> dict:
     """HF config kwargs for ``preset`` in ``family``'s field names."""
     check_family(family)
+    _check_one_stack(family)
     sizes = asdict(preset)
-    if family == "roberta" and pad_token_id is not None:
+    if family in POSITIONS_AFTER_PAD and pad_token_id is not None:
         # RoBERTa numbers positions from pad_token_id + 1, so it needs that many extra slots to fit
         # ``max_positions`` tokens (hence roberta-base's 514).
         sizes["max_positions"] += pad_token_id + 1
@@ -136,13 +155,28 @@ def preset_config_kwargs(family: str, preset: Preset, pad_token_id: int | None) 
     default = config_class(family)()
     if hasattr(default, "num_key_value_heads"):  # plain multi-head attention; GQA through overrides
         kwargs["num_key_value_heads"] = preset.heads
-    if "head_dim" not in type(default).attribute_map and getattr(default, "head_dim", None) is not None:
+    settable = "head_dim" not in type(default).attribute_map and not isinstance(
+        getattr(type(default), "head_dim", None), property)  # Falcon derives it from the width
+    if settable and getattr(default, "head_dim", None) is not None:
         # families that size heads on their own (Gemma's default is 256 whatever the width)
         kwargs["head_dim"] = preset.hidden // preset.heads
     kwargs.update({name: sizes[field] for field, name in _DECODER_FIELDS.get(family, {}).items()})
     if family == "t5":  # T5 sizes attention heads separately (d_kv); the other families divide the width
         kwargs["d_kv"] = preset.hidden // preset.heads
     return {**kwargs, **_FAMILY_DEFAULTS.get(family, {})}
+
+
+def _check_one_stack(family: str) -> None:
+    """A preset sizes one stack of blocks by its width and depth; a composite config (gemma3's text and vision
+    towers) has neither field, and would otherwise build at its full default size."""
+    names = field_names(family)
+    if "hidden" in names and "layers" in names:
+        return
+    parts = getattr(config_class(family), "sub_configs", None) or {}
+    text = getattr(parts.get("text_config"), "model_type", None)
+    instead = f"model.family: {text} (its text model)" if text else "a model.checkpoint"
+    raise UserError(f"model.preset sizes one stack of blocks, and a {family} config has no width and depth of its "
+                    f"own{' (its parts: ' + ', '.join(parts) + ')' if parts else ''}; use {instead}")
 
 
 def check_overrides(family: str, overrides: dict) -> None:

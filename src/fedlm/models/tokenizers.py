@@ -9,6 +9,10 @@ special tokens, pair format and model inputs as one loaded from a checkpoint of 
 * gpt2 / llama: byte-level BPE plus a dedicated ``<pad>`` token, so padding never aliases end-of-text.
 * t5: a unigram model over whitespace-marked pieces (what SentencePiece trains), ``$A </s>``, pad = 0.
 * bart: RoBERTa's byte-level BPE and ``<s> $A </s>`` (BART reuses RoBERTa's vocabulary).
+
+Any other family borrows one of these by its kind (:func:`recipe_for`): a decoder-only family (qwen2, mistral,
+gemma3_text, phi3, opt, olmo2 ...) llama's byte-level BPE, an encoder-only one (electra, modernbert,
+deberta-v2, xlm-roberta ...) BERT's WordPiece, so that a preset alone pre-trains any of them from scratch.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+from fedlm.models.presets import config_class, is_decoder_family, is_encoder_decoder_family, is_encoder_family
 
 # Part of the tokenizer cache key: bump when a recipe changes so stale cached tokenizers are not reused.
 RECIPE_VERSION = 2  # 2: unigram's appended characters in a fixed order (_canonical_order)
@@ -84,9 +90,25 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+def recipe_for(family: str) -> str | None:
+    """The recipe that trains ``family``'s tokenizer: its own, else by its kind in transformers' auto mappings
+    (a decoder-only family llama's byte-level BPE, with ``<s>`` first and a ``<pad>`` of its own; an encoder-only
+    one BERT's WordPiece, with segments only where its config has a segment table to read them); None for the
+    rest (encoder-decoders other than t5 and bart), which need a checkpoint's tokenizer."""
+    if family in RECIPES:
+        return family
+    if is_encoder_decoder_family(family):
+        return None
+    if is_decoder_family(family):
+        return "llama"
+    if is_encoder_family(family):
+        return "bert" if (getattr(config_class(family)(), "type_vocab_size", 0) or 0) >= 2 else "distilbert"
+    return None
+
+
 def train_tokenizer(texts: Sequence[str], family: str, vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train ``family``'s recipe on ``texts``; deterministic for a given input."""
-    recipe = RECIPES[family]
+    """Train ``family``'s recipe (:func:`recipe_for`) on ``texts``; deterministic for a given input."""
+    recipe = RECIPES[recipe_for(family) or family]
     specials = list(dict.fromkeys(recipe.roles.values()))
     train = _unigram if recipe.unigram else _wordpiece if recipe.wordpiece else _byte_bpe
     tokenizer = train(specials, vocab_size, texts)

@@ -40,8 +40,9 @@ def run_config(config: ExperimentConfig, data_dir: Path, output_dir: Path | None
 def run_grid(config: ExperimentConfig, runs: list[GridRun], data_dir: Path, root: Path,
              resume: bool = False, overwrite: bool = False, placement: Placement = SIMULATION) -> Path:
     """Every run of the grid (resuming: the unfinished ones, each seed's on its own), then comparison.md (mean ±
-    sd over seeds, verdicts, every seed's row) and comparison.png (each setting's mean with its 95% band). The
-    grid directory is this process's alone meanwhile (each run's too)."""
+    sd over seeds, verdicts, equivalence verdicts given ``eval.equivalence_band``, every seed's row) and
+    comparison.png (each setting's mean with its 95% band). The grid directory is this process's alone meanwhile
+    (each run's too)."""
     with run_lock(root):
         return _run_grid_locked(config, runs, data_dir, root, resume, overwrite, placement)
 
@@ -66,11 +67,11 @@ def _run_grid_locked(config: ExperimentConfig, runs: list[GridRun], data_dir: Pa
         target, direction = get_task(task_of(run_dir)).target_metric()
         row = {"run": run.label, **summarize(records, target, direction, sub.eval.target, sub.eval.headline),
                **run_downstream(sub, data_dir, run_dir, True, run_single)}  # finishes an interrupted one
-        rows.append(SeededRow(run.setting or config.name, run.group, row))
+        rows.append(SeededRow(run.setting or config.name, run.group, row, seed=run.seed))
         curves.setdefault(run.setting or config.name, []).append(records)
     plot_grid(list(curves.items()), target, root / "comparison.png", f"{config.name}: {target} per round",
               config.eval.headline)
-    table = seeded_table(rows, target, direction)
+    table = seeded_table(rows, target, direction, config.eval.equivalence_band)
     (root / "comparison.md").write_text(table)
     print(table)
     return root

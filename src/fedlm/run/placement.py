@@ -98,4 +98,7 @@ class Sharded:
         if prep.config.split is not None:
             raise UserError("split learning runs in one process (its trunk takes the clients' turns in order): "
                             "run it without --workers")
+        if prep.config.model.quantization is not None:
+            raise UserError("a quantized base runs in one process for now (its packed weights are not handed "
+                            "between workers): run it without --workers")
         return ShardedExecutor(Simulation().in_process(clients), self.collective)

@@ -19,6 +19,7 @@ from fedlm.models.adapters import Adapter, apply_adapter
 from fedlm.models.build import build_model, build_tokenizer, check_max_length
 from fedlm.models.device import check_precision, resolve_device
 from fedlm.models.presets import is_decoder_family
+from fedlm.models.quantization import enable_checkpointing, is_quantized
 from fedlm.run.attack_setup import set_up_attack
 from fedlm.tasks import MaskedLMTask, Task, get_task
 
@@ -149,10 +150,13 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     num_labels = len(loaded.label_names) if loaded.label_names else None
     model = build_model(config.model.family, config.model.preset, task_name, tokenizer, num_labels=num_labels,
                         checkpoint=config.model.checkpoint, overrides=config.model.overrides, seed=config.seed,
-                        pooling=config.model.pooling)
+                        pooling=config.model.pooling, quantization=config.model.quantization, device=device)
     check_max_length(model, config.model.max_length)
+    if config.train.gradient_checkpointing:
+        enable_checkpointing(model)
     adapter = apply_adapter(config.adapter, model, task_name, config.seed) if config.adapter is not None else None
-    model.to(device)  # every copy (split clients, trunk) and every loaded tensor follows the model's device
+    if not is_quantized(model):  # bitsandbytes placed a quantized base itself (it cannot be moved)
+        model.to(device)  # every copy (split clients, trunk) and every loaded tensor follows the model's device
     task = build_task(config, task_name, loaded.label_names,
                       encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)))
     max_len = config.model.max_length

@@ -2,7 +2,9 @@
 that say "within noise" when two settings' intervals overlap, so no table reads one seed's gap as a finding.
 
 The tables show mean ± sample standard deviation and the number of seeds; the verdicts (and the bands of the
-grid's plot) use the 95% t-interval of the mean, mean ± t(0.975, n - 1) · sd / √n.
+grid's plot) use the 95% t-interval of the mean, mean ± t(0.975, n - 1) · sd / √n. "Within noise" is not
+"equivalent": with an equivalence band fixed before the runs (``eval.equivalence_band``), ``equivalence``
+also judges each setting's same-seed differences by two one-sided tests (``Equivalence``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,7 @@ from fedlm.run.report import format_value, markdown_table
 FIXED = ("rounds", "target")  # the same for every seed by construction: shown once, not averaged
 PRIOR = "label prior"  # the summary columns of the label-prior baseline start with this
 _SEED_SUFFIX = re.compile(r"(?:^|[,_])seed=-?\d+$")
+REPORT_ONLY = ("equivalence_band",)  # eval keys that change how runs are judged, not what they compute
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,52 @@ def paired_difference(diffs: Sequence[float], digits: int = 3, words: tuple[str,
     return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}] {word} ({len(diffs)} seeds)"
 
 
+EQUIVALENT, WITHIN_NOISE, DIFFERS, NOT_MEASURABLE = "equivalent", "within noise", "differs", "not measurable"
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """The equivalence verdict on one pair of settings, with what it was read from."""
+
+    verdict: str  # EQUIVALENT, WITHIN_NOISE, DIFFERS or NOT_MEASURABLE
+    n: int  # paired seeds
+    mean: float
+    interval: tuple[float, float] | None  # 95% t-interval of the mean difference; None below two seeds
+    band: float | None
+
+    def text(self, digits: int = 4) -> str:
+        """'-0.0040 [-0.0090, +0.0010] equivalent (band ±0.0100; 3 seeds)'; 'not measurable (why)'."""
+        if self.interval is None or self.band is None:
+            why = "no equivalence band fixed" if self.band is None else f"{self.n} paired seed{'s' * (self.n != 1)}"
+            shown = f"{self.mean:+.{digits}f} " if self.n else ""
+            return f"{shown}{NOT_MEASURABLE} ({why})"
+        low, high = self.interval
+        return (f"{self.mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}] {self.verdict} "
+                f"(band ±{self.band:.{digits}f}; {self.n} seeds)")
+
+
+def equivalence(diffs: Sequence[float], band: float | None) -> Equivalence:
+    """Same-seed differences of two settings judged as an equivalence claim, two one-sided tests read off the
+    95% t-interval of their mean: 'equivalent' only when the whole interval lies strictly inside (-band, +band)
+    (each one-sided test at 2.5%); else 'within noise' when it covers 0 (no difference found, no equivalence
+    shown either), else 'differs'; 'not measurable' below two paired seeds or without a band. The band is in
+    the metric's own units and must be fixed before the runs: one chosen after seeing the interval proves
+    nothing. Overlapping intervals never make 'equivalent'. Non-finite differences are left out (``n`` counts
+    the rest)."""
+    values = [float(d) for d in diffs if _is_number(d)]
+    mean, _, half = mean_interval(values)
+    if band is None or len(values) < 2 or math.isnan(half):
+        return Equivalence(NOT_MEASURABLE, len(values), mean, None, band)
+    low, high = mean - half, mean + half
+    if -band < low and high < band:
+        word = EQUIVALENT
+    elif low <= 0 <= high:
+        word = WITHIN_NOISE
+    else:
+        word = DIFFERS
+    return Equivalence(word, len(values), mean, (low, high), band)
+
+
 def _interval_text(stats: SeedStats) -> str:
     low, high = stats.interval or (math.nan, math.nan)
     return f"[{format_value(low)}, {format_value(high)}]"
@@ -114,6 +163,8 @@ def setting_key(config: dict[str, Any]) -> str:
     with contextlib.suppress(ValidationError):
         config = ExperimentConfig.model_validate(config).model_dump(mode="json")
     kept = {k: v for k, v in config.items() if k not in ("seed", "seeds", "name", "output_dir")}
+    if isinstance(kept.get("eval"), dict):  # a band fixed for the report leaves the runs one setting
+        kept["eval"] = {k: v for k, v in kept["eval"].items() if k not in REPORT_ONLY}
     return json.dumps(kept, sort_keys=True, default=str)
 
 
@@ -150,15 +201,28 @@ class SeededRow:
     group: str | None
     row: dict[str, Any]
     key: str | None = None  # what makes runs seeds of one setting; the setting's label where not given
+    seed: int | None = None  # pairs it with other settings' runs; read from the run's label where not given
+
+    def seed_or_label(self) -> int | None:
+        """The seed that pairs this run with the other settings' runs of that seed; None: it pairs with none."""
+        if self.seed is not None:
+            return self.seed
+        found = _SEED_SUFFIX.search(str(self.row.get("run", "")))
+        return int(found.group().rsplit("=", 1)[1]) if found else None
+
+
+def _by_setting(runs: Sequence[SeededRow]) -> list[list[SeededRow]]:
+    """The runs of each setting, in the order settings first appear."""
+    by_setting: dict[tuple[str | None, str], list[SeededRow]] = {}
+    for run in runs:
+        by_setting.setdefault((run.group, run.key or run.setting), []).append(run)
+    return list(by_setting.values())
 
 
 def aggregate_settings(runs: Sequence[SeededRow]) -> list[tuple[str | None, dict[str, Any]]]:
     """(group, aggregated row) per setting, in the order settings first appear."""
-    by_setting: dict[tuple[str | None, str], list[SeededRow]] = {}
-    for run in runs:
-        by_setting.setdefault((run.group, run.key or run.setting), []).append(run)
     return [(members[0].group, aggregate(members[0].setting, [m.row for m in members]))
-            for members in by_setting.values()]
+            for members in _by_setting(runs)]
 
 
 Cell = tuple[str, str, dict[str, Any], str]  # (row, column, summary, metric) of ``report.pivot_table``
@@ -175,18 +239,25 @@ def merge_cells(cells: Sequence[Cell], keys: Sequence[str]) -> list[Cell]:
             for members in merged.values()]
 
 
+def _group_rows(settings: Sequence[tuple[str | None, Any]], score: Callable[[Any], object], direction: str
+                ) -> list[tuple[str | None, list[Any], Any]]:
+    """Per group (baselines join every group): its settings with a score and the best of them by mean."""
+    groups = list(dict.fromkeys(g for g, _ in settings if g is not None)) or [None]
+    pick = max if direction == "max" else min
+    out = []
+    for group in groups:
+        rows = [row for g, row in settings if (g == group or g is None) and isinstance(score(row), SeedStats)]
+        if rows:
+            out.append((group, rows, pick(rows, key=lambda row: _or_worst(score(row).mean, direction))))
+    return out
+
+
 def verdict_lines(settings: Sequence[tuple[str | None, dict[str, Any]]], metric: str, direction: str) -> list[str]:
     """Within each group: every setting against the group's best by mean final score, and the best against the
     clients' label prior where one was scored."""
     key = f"final {metric}"
-    groups = list(dict.fromkeys(g for g, _ in settings if g is not None)) or [None]
     lines = []
-    for group in groups:
-        rows = [row for g, row in settings if (g == group or g is None) and isinstance(row.get(key), SeedStats)]
-        if not rows:
-            continue
-        pick = max if direction == "max" else min
-        best_row = pick(rows, key=lambda row: _or_worst(row[key].mean, direction))
+    for group, rows, best_row in _group_rows(settings, lambda row: row.get(key), direction):
         best_name, best = _within(best_row["run"], group), best_row[key]
         where = f"[{group}] " if group else ""
         lines += [f"- {where}{verdict(_within(row['run'], group), row[key], best_name, best, direction)}"
@@ -194,6 +265,26 @@ def verdict_lines(settings: Sequence[tuple[str | None, dict[str, Any]]], metric:
         prior = next((value for name, value in best_row.items() if name.startswith(PRIOR)), None)
         if isinstance(prior, SeedStats):
             lines.append(f"- {where}{verdict(best_name, best, 'the label prior', prior, direction)}")
+    return lines
+
+
+def equivalence_lines(runs: Sequence[SeededRow], metric: str, direction: str, band: float | None) -> list[str]:
+    """Within each group: every setting's same-seed differences from the group's best (the pair the verdict
+    lines compare) judged by ``equivalence`` against ``band``."""
+    key = f"final {metric}"
+    settings = [(members[0].group, (aggregate(members[0].setting, [m.row for m in members]),
+                                    {m.seed_or_label(): m.row.get(key) for m in members}))
+                for members in _by_setting(runs)]
+    lines = []
+    for group, rows, (best_row, best_seeds) in _group_rows(settings, lambda pair: pair[0].get(key), direction):
+        where = f"[{group}] " if group else ""
+        for row, seeds in rows:
+            if row is best_row:
+                continue
+            diffs = [seeds[s] - best_seeds[s] for s in seeds if s is not None and s in best_seeds
+                     and _is_number(seeds[s]) and _is_number(best_seeds[s])]
+            found = equivalence(diffs, band)
+            lines.append(f"- {where}{_within(row['run'], group)} - {_within(best_row['run'], group)}: {found.text()}")
     return lines
 
 
@@ -218,15 +309,23 @@ def _with_interval(row: dict[str, Any], key: str) -> dict[str, Any]:
     return out
 
 
-def seeded_table(runs: Sequence[SeededRow], metric: str, direction: str) -> str:
-    """The comparison: per setting, mean ± sd over seeds and n seeds, then the verdicts, then every seed's row.
-    Settings that all ran once get the plain per-run table and a line saying no verdict can be drawn."""
+def seeded_table(runs: Sequence[SeededRow], metric: str, direction: str, band: float | None = None) -> str:
+    """The comparison: per setting, mean ± sd over seeds and n seeds, then the verdicts (and, given an
+    equivalence ``band``, the equivalence verdicts beside them), then every seed's row. Settings that all ran
+    once get the plain per-run table and a line saying no verdict can be drawn."""
     settings = aggregate_settings(runs)
     if all(row["seeds"] == 1 for _, row in settings):
         return (markdown_table([run.row for run in runs])
-                + "\nOne seed per setting: no intervals, so no verdicts (add `seeds: [0, 1, 2]`).\n")
+                + "\nOne seed per setting: no intervals, so no verdicts (add `seeds: [0, 1, 2]`)"
+                + (", and equivalence is not measurable" if band is not None else "") + ".\n")
     lines = verdict_lines(settings, metric, direction)
-    return (f"Mean ± sd over seeds ({metric}; verdicts from 95% t-intervals of the mean):\n\n"
+    text = (f"Mean ± sd over seeds ({metric}; verdicts from 95% t-intervals of the mean):\n\n"
             + markdown_table([_with_interval(row, f"final {metric}") for _, row in settings])
-            + "\n" + "\n".join(lines or ["- nothing to compare"]) + "\n"
-            + "\nEvery seed:\n\n" + markdown_table([run.row for run in runs]))
+            + "\n" + "\n".join(lines or ["- nothing to compare"]) + "\n")
+    if band is not None:
+        text += (f"\nEquivalence within ±{band:g} (final {metric}; the band fixed before the runs): same-seed "
+                 "differences from the group's best, mean [95% t-interval]; equivalent only when the whole "
+                 "interval lies inside the band (two one-sided tests), within noise when it covers 0 but leaves "
+                 "the band:\n\n"
+                 + "\n".join(equivalence_lines(runs, metric, direction, band) or ["- nothing to compare"]) + "\n")
+    return text + "\nEvery seed:\n\n" + markdown_table([run.row for run in runs])

@@ -126,8 +126,11 @@ PARTS_POLICIES: dict[str, type[PartsPolicy]] = {
 
 
 def split_model(model: torch.nn.Module, spec: SplitConfig) -> SplitModel:
-    """The model cut where a config's ``split`` section says."""
-    return SplitModel(model, Cut(spec.bottom_blocks, spec.top_blocks))
+    """The model cut where a config's ``split`` section says, once checked to compute what the unsplit model
+    computes: a family the parts do not split exactly is refused here, in one line, before any training."""
+    split = SplitModel(model, Cut(spec.bottom_blocks, spec.top_blocks))
+    split.check_exact()
+    return split
 
 
 def split_parts(split: SplitModel, policy: type[PartsPolicy]) -> SplitParts:
