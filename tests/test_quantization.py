@@ -13,10 +13,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.models.build import build_tokenizer
+from fedlm.models.cut import Cut
 from fedlm.run.prepare import prepare
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from tests.conftest import make_sentences, tiny_config
+from tests.split_helpers import assert_split_grads_equal_unsplit
 
 pytest.importorskip("bitsandbytes")
 
@@ -27,7 +29,7 @@ def llama_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     tokenizer = build_tokenizer(None, "llama", [t for t, _ in make_sentences(200)], 200)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -69,6 +71,23 @@ def test_a_4bit_base_trains_its_adapter_sends_only_that_and_resumes_bitwise(tmp_
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_4bit_trunk_trains_its_adapters_as_the_unsplit_model_does(tmp_path, tiny_csv, llama_checkpoint, one_thread):
+    """FL-GLM's server holds the big model: a split cut of the 4-bit base gives the unsplit loss and gradients,
+    and a split run trains with its trunk's blocks 4-bit."""
+    raw = _raw(tmp_path, tiny_csv, llama_checkpoint, rounds=1, quantization={"bits": 4})
+    prep = prepare(validate(raw), tiny_csv)
+    batch = prep.task.collate(prep.client_train[0][:4], torch.Generator().manual_seed(0))
+    split, grads = assert_split_grads_equal_unsplit(prep.model, Cut(1, 1), batch["input_ids"],
+                                                    batch["attention_mask"], lambda logits, mask: logits.pow(2).sum())
+    assert type(split.trunk.blocks[0].self_attn.q_proj.base_layer).__name__ == "Linear4bit"
+    assert any("layers.1." in n and "lora_" in n for n in grads)  # the trunk's block trains its adapter
+
+    raw["split"] = {"bottom_blocks": 1, "top_blocks": 1}
+    run_single(validate(raw), tiny_csv, tmp_path / "split")
+    records = read_metrics(tmp_path / "split")
+    assert [r["round"] for r in records] == [0, 1] and not records[1]["failed"] and records[1]["bytes_up_boundary"]
+
+
 def test_gradient_checkpointing_changes_no_gradient(tmp_path, tiny_csv, llama_checkpoint, one_thread):
     grads = []
     for checkpointing in (False, True):
@@ -92,8 +111,6 @@ def test_what_a_quantized_base_cannot_do_is_refused_in_one_line(tmp_path, tiny_c
         validate({**_raw(tmp_path, tiny_csv, llama_checkpoint, **four), "adapter": None})
     with pytest.raises(UserError, match="a preset builds a random model"):
         validate(_raw(tmp_path, tiny_csv, llama_checkpoint, preset="tiny", **four))
-    with pytest.raises(UserError, match="not offered for split learning"):
-        validate({**_raw(tmp_path, tiny_csv, llama_checkpoint, **four), "split": {"bottom_blocks": 1}})
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name))
     with pytest.raises(UserError, match=r"pip install 'fedlm\[qlora\]'"):

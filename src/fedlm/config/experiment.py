@@ -45,7 +45,7 @@ class ExperimentConfig(Section):
                                           "overlap")
     output_dir: str = "runs"
     task: Literal["auto", "mlm", "clm", "classification", "regression", "seq2seq", "tagging",
-                  "qa"] = "auto"
+                  "qa", "multiple_choice", "chat"] = "auto"
     data: DataConfig
     partition: PartitionConfig = Field(default_factory=IidPartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -76,6 +76,8 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
+        if self.data.chat_template != "auto" and self.task != "chat":
+            raise ValueError(f"data.chat_template is for task chat, and the task is {self.task}: remove it")
         if self.model.preset is None and self.model.checkpoint is None:
             raise ValueError("model: set model.preset (tiny/small/base) or model.checkpoint")
         if self.model.checkpoint is not None and "preset" not in self.model.model_fields_set:
@@ -138,7 +140,7 @@ class ExperimentConfig(Section):
                              "or remove data.columns.group")
 
     def _check_quantization(self) -> None:
-        """A quantized base is a pretrained checkpoint, frozen under an adapter, in one process."""
+        """A quantized base is a pretrained checkpoint, frozen under an adapter."""
         if self.model.quantization is None:
             return
         bits = self.model.quantization.bits
@@ -151,9 +153,6 @@ class ExperimentConfig(Section):
         if self.adapter.save_merged:
             raise ValueError("adapter.save_merged would round the trained adapter into the quantized base: set it "
                              "false (the adapter is saved beside the base)")
-        if self.split is not None:
-            raise ValueError("model.quantization is not offered for split learning yet (the trunk's packed weights "
-                             "are not cut into parts): remove the split section or the quantization")
         if self.privacy.kind == "sample":
             raise ValueError("privacy.kind sample (Opacus' per-example gradients) does not run on quantized layers: "
                              "use privacy.kind client, or drop model.quantization")

@@ -161,7 +161,8 @@ class TrunkBackend:
         self.max_grad_norm = max_grad_norm
         self.wire_dtype = wire_dtype
         self.precision = precision
-        self.compute_dtype, self._device = params[0].dtype, params[0].device
+        floating = next((p for p in params if p.is_floating_point()), params[0])  # not a quantized base's packing
+        self.compute_dtype, self._device = floating.dtype, floating.device
         self.limits = limits or TrunkLimits()
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._turns = RoundRobin()
