@@ -27,8 +27,13 @@ class DataConfig(Section):
     source: str = Field(description="named dataset (e.g. glue/sst2) or a local file/directory path")
     columns: dict[str, str] | None = Field(
         None, description="role -> the data's column: text, text_pair, label, target (seq2seq), group (the silo "
-                          "of each row, for partition.kind natural; partition.column fills it in)")
+                          "of each row, for partition.kind natural; partition.column fills it in); task chat: "
+                          "messages, or text / target as prompt / response")
     format: Literal["csv", "tsv", "jsonl", "json", "txt", "parquet"] | None = None
+    chat_template: Literal["auto", "tokenizer", "plain", "alpaca"] = Field(
+        "auto", description="task chat: how conversations are rendered; auto: the tokenizer's own chat template "
+                            "when it has one, else plain (### User: / ### Assistant: blocks); alpaca: ### "
+                            "Instruction: / ### Response: blocks")
     test_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     max_train_examples: int | None = Field(None, ge=1)
     max_test_examples: int | None = Field(None, ge=1)
@@ -282,6 +287,9 @@ class EvalConfig(Section):
     headline: Literal["test", "local"] = Field(
         "test", description="score runs by the shared test split, or by the clients' means on their local splits")
     max_answer_length: int = Field(30, ge=1, description="qa: the longest answer span predicted, in tokens")
+    metrics: list[str] | None = Field(
+        None, description="multiple_choice: the metrics reported, of acc, acc_norm, loss, perplexity (default all; "
+                          "the headline acc always)")
     equivalence_band: float | None = Field(
         None, gt=0, description="a grid's equivalence margin in the headline metric's units (accuracy 0.01 = one "
                                 "point), fixed before the runs: comparison.md then calls two settings equivalent "

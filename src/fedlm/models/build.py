@@ -69,7 +69,9 @@ _TASK_HEADS = {
     "qa": (AutoModelForQuestionAnswering, ENCODERS + DECODERS),  # start / end logits per token
     # decoder-only families as a prompted causal LM; encoder-decoders through AutoModelForSeq2SeqLM (below)
     "seq2seq": (AutoModelForCausalLM, DECODERS + ENCODER_DECODERS),
+    "multiple_choice": (AutoModelForCausalLM, DECODERS),  # a causal LM scoring each option's log-likelihood
 }
+CAUSAL_TASKS = ("clm", "seq2seq", "multiple_choice")  # a decoder family outside the tested lists takes them
 
 
 def resolve_checkpoint(name: str, *, tokenizer_only: bool = False) -> str | Path:
@@ -223,7 +225,7 @@ def _other_family_supports(family: str, task: str, auto_class: type) -> bool:
         return False
     if task == "seq2seq" and is_encoder_decoder_family(family):
         return True
-    if task in ("clm", "seq2seq"):
+    if task in CAUSAL_TASKS:
         return is_decoder_family(family)
     if task == "mlm" and is_decoder_family(family):
         return False

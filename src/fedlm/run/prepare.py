@@ -27,6 +27,11 @@ from fedlm.tasks import MaskedLMTask, Task, get_task
 def resolve_task(requested: str, data_kind: str, family: str) -> str:
     """The task a run trains: the config's, or the one its data implies (LM text -> masked or causal LM)."""
     if requested != "auto":
+        if requested == "chat":  # decoder-only seq2seq (model, head, split path) whose sources are conversations
+            if data_kind != "chat":
+                raise UserError("task = 'chat' needs conversations from a local JSONL / JSON / Parquet / CSV file "
+                                f"(messages, instruction / output or prompt / response columns), not {data_kind} data")
+            return "seq2seq"
         if requested == "seq2seq" and data_kind != "seq2seq":
             raise UserError("task = 'seq2seq' needs source and target text: map the target column with "
                             "data.columns {text: <source column>, target: <target column>}")
@@ -34,6 +39,9 @@ def resolve_task(requested: str, data_kind: str, family: str) -> str:
             what = "tagged sentences (CoNLL columns or tokens/tags JSONL)" if requested == "tagging" else (
                 "questions with contexts and answers (SQuAD JSON or JSONL)")
             raise UserError(f"task = {requested!r} needs {what}, but the data source is {data_kind} data")
+        if requested == "multiple_choice" and data_kind != "classification":
+            raise UserError("task = 'multiple_choice' needs labelled prompts whose label names are the options (a "
+                            f"classification source such as pubmedqa), but the data source is {data_kind} data")
         if requested not in ("mlm", "clm") and data_kind == "lm":
             raise UserError(f"task = {requested!r} needs labels, but the data source is unlabeled text")
         return requested
@@ -52,11 +60,20 @@ def build_task(config: ExperimentConfig, task_name: str, label_names: list[str] 
     (``encoder_decoder``: the model has an encoder and a decoder, else seq2seq prompts a decoder-only LM).
     Evaluation autocasts as training does: the task takes ``train.precision``."""
     precision = config.train.precision
+    if config.eval.metrics is not None and task_name != "multiple_choice":
+        raise UserError(f"eval.metrics selects multiple_choice metrics, but the task is {task_name}: remove "
+                        "eval.metrics")
     if task_name == "seq2seq":
         if encoder_decoder and config.split is not None:
             raise UserError(f"split learning cuts one stack of blocks, and this {config.model.family} model is an "
                             "encoder-decoder; use a decoder-only family for split seq2seq, or remove the split section")
         gen = config.generation
+        if config.task == "chat":  # the rows are conversations, the model a decoder-only seq2seq one
+            if encoder_decoder:
+                raise UserError(f"task chat fine-tunes a decoder-only LM, and {config.model.family} is an "
+                                "encoder-decoder; use a decoder-only family (gpt2, llama, gemma3_text ...)")
+            return get_task("chat", template=config.data.chat_template, num_beams=gen.num_beams,
+                            max_new_tokens=gen.max_new_tokens, precision=precision)
         return get_task(task_name, encoder_decoder=encoder_decoder, num_beams=gen.num_beams,
                         max_new_tokens=gen.max_new_tokens, precision=precision)
     if config.generation != GenerationConfig():
@@ -67,6 +84,8 @@ def build_task(config: ExperimentConfig, task_name: str, label_names: list[str] 
         raise UserError(f"train.mask_rate is for masked LM, but the task is {task_name}: remove train.mask_rate")
     if task_name == "tagging":  # seqeval scores tag strings: the training split's tag set
         return get_task(task_name, label_names=label_names, precision=precision)
+    if task_name == "multiple_choice":  # a classification source's label names are every item's options
+        return get_task(task_name, options=label_names, metrics=config.eval.metrics, precision=precision)
     if task_name == "qa":
         return get_task(task_name, doc_stride=config.model.doc_stride,
                         max_answer_length=config.eval.max_answer_length, precision=precision)

@@ -1,5 +1,5 @@
-"""Training tasks (masked LM, causal LM, classification, regression, seq2seq) and their registry: each is a `Task`
-that tokenizes, collates, computes its loss (from the model or from hidden states) and evaluates."""
+"""Training tasks (masked LM, causal LM, classification, regression, seq2seq, chat) and their registry: each is a
+`Task` that tokenizes, collates, computes its loss (from the model or from hidden states) and evaluates."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from transformers import PreTrainedTokenizerBase
 
 from fedlm.errors import UserError
 from fedlm.tasks.base import Task
+from fedlm.tasks.chat import ChatTask
+from fedlm.tasks.choice import MultipleChoiceTask
 from fedlm.tasks.classification import ClassificationTask, RegressionTask
 from fedlm.tasks.clm import CausalLMTask
 from fedlm.tasks.mlm import MaskedLMTask
@@ -16,7 +18,7 @@ from fedlm.tasks.tagging import TaggingTask
 
 TASKS: dict[str, type[Task]] = {
     task.name: task for task in (MaskedLMTask, CausalLMTask, ClassificationTask, RegressionTask, Seq2SeqTask,
-                                  TaggingTask, QATask)
+                                  TaggingTask, QATask, MultipleChoiceTask, ChatTask)
 }
 
 
@@ -30,8 +32,10 @@ def get_task(name: str, tokenizer: PreTrainedTokenizerBase | None = None, **opti
 __all__ = [
     "TASKS",
     "CausalLMTask",
+    "ChatTask",
     "ClassificationTask",
     "MaskedLMTask",
+    "MultipleChoiceTask",
     "QATask",
     "RegressionTask",
     "Seq2SeqTask",

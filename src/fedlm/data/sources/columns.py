@@ -65,6 +65,15 @@ def split_note(fraction: float, seed: int, of: str) -> str:
     return f"test = {fraction:.0%} of {of}, seed {seed}, deterministic (hash of seed and row index)"
 
 
+def given_or_split(splits: dict[str, Columns], files: dict[str, Path], fraction: float, seed: int) -> str:
+    """The test split as given (a test file beside train) or, without one, split off the training file in place;
+    the note the run records of which it was."""
+    if "test" in splits:
+        return f"train/test = the given files ({', '.join(p.name for p in files.values())})"
+    splits["train"], splits["test"] = split_off_test(splits["train"], fraction, seed, str(files["train"]))
+    return split_note(fraction, seed, files["train"].name)
+
+
 def field_of(path: Path | str, where: str, fields: dict[str, Any], key: str) -> Any:
     """A record's field, or an error naming the file, the line and the fields it has."""
     if key not in fields:

@@ -13,7 +13,7 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from fedlm.data.sources import conll, squad
+from fedlm.data.sources import chat, conll, squad
 from fedlm.data.sources.catalog import SOURCES, missing_data
 from fedlm.data.sources.columns import Columns, RawSource, group_only, hash_order, num_rows, take
 from fedlm.data.sources.hub import PREFIX, load_hub
@@ -21,8 +21,9 @@ from fedlm.data.sources.local import load_local, local_path
 from fedlm.errors import UserError
 
 _FINGERPRINT_VERSION = 1
-# tasks whose local files have their own formats (a CoNLL .txt file is not one text per line)
-TASK_READERS = {"tagging": conll.load_tagging, "qa": squad.load_qa}
+# tasks whose local files have their own formats (a CoNLL .txt file is not one text per line, a chat row is a
+# conversation)
+TASK_READERS = {"tagging": conll.load_tagging, "qa": squad.load_qa, chat.KIND: chat.load_chat}
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def load_source(
         raw, ident, base = SOURCES[name_or_path](data_dir, test_fraction, seed), name_or_path, data_dir
     else:
         path = local_path(name_or_path, data_dir)
-        if task in TASK_READERS and group_only(columns):  # tagged and QA files keep their own columns
+        if task in TASK_READERS and task != chat.KIND and group_only(columns):  # tagged / QA files: own columns
             columns = None
         reader = TASK_READERS.get(task or "", partial(load_local, task=task))
         raw, ident, base = reader(path, columns, file_format, test_fraction, seed), str(path), None

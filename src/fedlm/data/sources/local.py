@@ -13,13 +13,12 @@ from fedlm.data.sources.columns import (
     check_target,
     data_kind,
     field_of,
+    given_or_split,
     group_value,
     label_value,
     map_columns,
     named_split_files,
     split_files,
-    split_note,
-    split_off_test,
     text_of,
     warn_empty_texts,
 )
@@ -130,9 +129,4 @@ def load_local(
     else:
         where = path if len(files) > 1 else files["train"]
         kind, names = _encode(splits, files, task, f"{where} (label column '{(columns or {}).get('label', 'label')}')")
-    if "test" in splits:
-        note = f"train/test = the given files ({', '.join(p.name for p in files.values())})"
-    else:
-        splits["train"], splits["test"] = split_off_test(splits["train"], fraction, seed, str(files["train"]))
-        note = split_note(fraction, seed, files["train"].name)
-    return RawSource(splits, kind, names, note, list(files.values()))
+    return RawSource(splits, kind, names, given_or_split(splits, files, fraction, seed), list(files.values()))
