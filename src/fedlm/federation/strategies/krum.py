@@ -43,7 +43,8 @@ class Krum(HeldUpdates):
         updates = self.ordered()
         n = len(updates)
         squared = torch.zeros(n, n, dtype=torch.float64)
-        for name, value in self.current.items():
+        for name in self.sent & self.current.keys():  # a tensor nobody sent is the same in every update
+            value = self.current[name]
             if not value.is_floating_point():
                 continue
             rows = torch.stack([u.params.get(name, value).double().reshape(-1) for u in updates])
@@ -62,10 +63,13 @@ class Krum(HeldUpdates):
                 for i, row in enumerate(squared)]
 
     def kept(self) -> list[ClientUpdate]:
-        """The ``m`` updates with the lowest scores (a stable sort: ties keep client id order)."""
-        scores, updates = self.scores(), self.ordered()
-        chosen = sorted(range(len(updates)), key=lambda i: scores[i])[: self.m]
-        return [updates[i] for i in sorted(chosen)]
+        """The ``m`` updates with the lowest scores (a stable sort: ties keep client id order), scored once a round
+        (``result`` and ``audit`` both ask)."""
+        if getattr(self, "_kept", None) is None:
+            scores, updates = self.scores(), self.ordered()
+            chosen = sorted(range(len(updates)), key=lambda i: scores[i])[: self.m]
+            self._kept = [updates[i] for i in sorted(chosen)]
+        return self._kept
 
     def result(self) -> NamedTensors:
         mean = RunningMean()
