@@ -178,7 +178,7 @@ NO_PREFIXES = {**dict.fromkeys(("distilbert", "modernbert", "deberta-v2", "deber
                "falcon-7b": "caches 1 key/value head"}
 # What split training refuses, by (variant, task): ModernBERT's classifier pools and transforms its first token
 # in ways fedlm's split head does not (models/heads.py), which check_exact finds before training.
-REFUSED_TASKS = {("modernbert", "classification"): "its split task head gives shape"}
+REFUSED_TASKS: dict[tuple[str, str], str] = {}  # (family, task) a split refuses; none today
 KIND_TASKS = {"none": ("lm", "classification"), "lora": ("classification",), "p_tuning_v2": ("lm",)}
 
 
@@ -278,8 +278,12 @@ def test_a_split_run_refuses_before_training_what_its_parts_would_not_compute_ex
     with pytest.raises(UserError, match="cannot split a deberta-v2 model") as error:
         split_model(model, spec)
     assert "\n" not in str(error.value) and "without a split section" in str(error.value)
+    classifier = _variant_model("modernbert", "classification")
+    SplitSetup.cut(classifier, spec)  # its own classifier head: exact
+    monkeypatch.setattr("fedlm.models.heads._pooled_head_classifier",  # the head it was sent down before
+                        lambda modules, hidden, input_ids, config: modules["classifier"](hidden))
     with pytest.raises(UserError, match="cannot split a modernbert model: its split task head"):
-        SplitSetup.cut(_variant_model("modernbert", "classification"), spec)
+        SplitSetup.cut(classifier, spec)
 
 
 def test_opt_cuts_its_decoder_by_what_its_forward_runs_before_and_after_the_blocks():

@@ -67,6 +67,8 @@ def _sequence_classifier(
     the hidden states itself (roberta, electra: their heads read the first token)."""
     if "score" in modules:
         return _last_token_classifier(modules, hidden, input_ids, config)
+    if "head" in modules and "drop" in modules:
+        return _pooled_head_classifier(modules, hidden, input_ids, config)
     if getattr(config, "classifier_pooling", "first") == "mean":
         return _mean_pooled_classifier(modules, hidden, input_ids, config)
     if "pooler" in modules:
@@ -91,6 +93,21 @@ def _mean_pooled_classifier(
     if "pre_classifier" in modules:
         return modules["classifier"](modules["dropout"](F.relu(modules["pre_classifier"](mean))))
     return modules["classifier"](mean.unsqueeze(1))  # heads that read the first position get the mean there
+
+
+def _pooled_head_classifier(
+    modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
+) -> Tensor:
+    """ModernBERT's classifier: the first token's state (``classifier_pooling: cls``) or the mean of the non-pad
+    states (``mean``), through its prediction head, dropout and the linear classifier."""
+    if getattr(config, "classifier_pooling", "cls") == "mean":
+        if input_ids is None or config.pad_token_id is None:
+            raise ValueError("mean pooling needs input_ids and a pad token id to leave padding out of the mean")
+        mask = (input_ids != config.pad_token_id).to(hidden.dtype).unsqueeze(-1)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    else:
+        pooled = hidden[:, 0]
+    return modules["classifier"](modules["drop"](modules["head"](pooled)))
 
 
 def _bert_classifier(modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
