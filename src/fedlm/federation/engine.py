@@ -168,7 +168,7 @@ class RoundEngine:
             if len(tally.reported) >= self.plan.min_clients:
                 break
             if not tally.reported and failed and all(f.lasting for f in failed):
-                raise self._failed(round_idx, 0, failures, failed, attempt + 1)
+                raise self._failed(round_idx, 0, failures, failed, attempt + 1, lasting=True)
             log.warning("round %d: %d of %d clients reported, need %d; retrying (attempt %d)", round_idx,
                         len(tally.reported), len(jobs), self.plan.min_clients, attempt + 1)
         else:
@@ -242,13 +242,13 @@ class RoundEngine:
             self.observer.evaluation_done()
 
     def _failed(self, round_idx: int, reported: int, failures: list[ClientFailure], last: list[ClientFailure],
-                attempts: int) -> RoundFailed:
-        """The round could not complete: its record (written to the run's metrics) and the error to stop on."""
+                attempts: int, lasting: bool = False) -> RoundFailed:
+        """The round could not complete: its record (written to the run's metrics) and the error to stop on.
+        ``lasting``: every client of the ``last`` attempt failed in a way no retry can fix."""
         suspect = self._poisoner(last)
         record = FailedRound(round_idx, reported, self.plan.min_clients, attempts, failures, suspect)
         if self.hooks.record is not None:
             self.hooks.record(record)
-        lasting = not reported and all(f.lasting for f in last)
         if lasting:  # one client's reason says it all: they failed alike
             return RoundFailed(f"round {round_idx}: every client failed with an error no retry can fix (client "
                                f"{last[0].client_id}: {last[0].reason}): a bug, or a model or setting fedlm cannot "
@@ -266,7 +266,7 @@ class RoundEngine:
         previous, growth = self._last_growth
         if not last or not growth or not all(f.reason.startswith("non-finite update") for f in last):
             return None
-        client = max(growth, key=lambda c: growth[c].factor if math.isfinite(growth[c].factor) else math.inf)
+        client = max(growth, key=lambda c: growth[c].severity)
         return Suspect(previous, client, growth[client].tensor, growth[client].factor)
 
     def _frozen(self, round_idx: int, sampled: list[int], client_id: int) -> tuple[str, ...]:

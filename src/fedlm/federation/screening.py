@@ -38,6 +38,15 @@ class Growth:
     factor: float  # NaN or Inf when the report holds them
     change: float = 0.0  # ||w_k - w|| over the floating tensors it sent
 
+    @property
+    def severity(self) -> float:
+        """The factor to rank reports by, NaN counting as past any other."""
+        return _severity(self.factor)
+
+
+def _severity(factor: float) -> float:
+    return factor if math.isfinite(factor) else math.inf
+
 
 @dataclass(frozen=True)
 class UpdateScreen:
@@ -61,7 +70,7 @@ class UpdateScreen:
         if not names:
             return None
         factors = [s / self.reference[n] for n, s in zip(names, _rms([params[n] for n in names]), strict=True)]
-        worst = max(range(len(names)), key=lambda i: factors[i] if math.isfinite(factors[i]) else math.inf)
+        worst = max(range(len(names)), key=lambda i: _severity(factors[i]))
         change = torch.stack([torch.dist(params[n].float(), self.current[n].float()) for n in names]).norm()
         return Growth(names[worst], factors[worst], float(change))
 

@@ -84,10 +84,7 @@ def _mean_pooled_classifier(
     """An encoder's classifier on the mean of its non-pad token states instead of its first token's (how
     sentence-transformers checkpoints were trained to pool; ``model.pooling: mean``). BERT's pooler is skipped:
     it was trained on the first token only."""
-    if input_ids is None or config.pad_token_id is None:
-        raise ValueError("mean pooling needs input_ids and a pad token id to leave padding out of the mean")
-    mask = (input_ids != config.pad_token_id).to(hidden.dtype).unsqueeze(-1)
-    mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    mean = _token_mean(hidden, input_ids, config)
     if "pooler" in modules:
         return modules["classifier"](modules["dropout"](mean))
     if "pre_classifier" in modules:
@@ -95,18 +92,21 @@ def _mean_pooled_classifier(
     return modules["classifier"](mean.unsqueeze(1))  # heads that read the first position get the mean there
 
 
+def _token_mean(hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig) -> Tensor:
+    """The mean of each row's non-pad token states."""
+    if input_ids is None or config.pad_token_id is None:
+        raise ValueError("mean pooling needs input_ids and a pad token id to leave padding out of the mean")
+    mask = (input_ids != config.pad_token_id).to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
 def _pooled_head_classifier(
     modules: Modules, hidden: Tensor, input_ids: Tensor | None, config: PretrainedConfig
 ) -> Tensor:
     """ModernBERT's classifier: the first token's state (``classifier_pooling: cls``) or the mean of the non-pad
     states (``mean``), through its prediction head, dropout and the linear classifier."""
-    if getattr(config, "classifier_pooling", "cls") == "mean":
-        if input_ids is None or config.pad_token_id is None:
-            raise ValueError("mean pooling needs input_ids and a pad token id to leave padding out of the mean")
-        mask = (input_ids != config.pad_token_id).to(hidden.dtype).unsqueeze(-1)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-    else:
-        pooled = hidden[:, 0]
+    pooled = _token_mean(hidden, input_ids, config) if getattr(config, "classifier_pooling", "cls") == "mean" \
+        else hidden[:, 0]
     return modules["classifier"](modules["drop"](modules["head"](pooled)))
 
 
