@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from fedlm.cli import Terminated, main
-from fedlm.cli.workers import LAUNCHED_ENV
+from fedlm.cli.workers import LAUNCHED_ENV, choose_backend
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.collective import LOCAL
@@ -160,6 +160,17 @@ def test_jobs_are_balanced_by_cost_and_bad_worker_counts_are_refused(tmp_path, t
 
     assert main(["run", "x.yaml", "--workers", "0"]) == 2
     assert capsys.readouterr().err.strip() == "fedlm: --workers 0: give 1 or more worker processes"
+    # NCCL only where every process of the machine has a GPU of its own; auto falls back to gloo otherwise
+    with mock.patch("torch.distributed.is_nccl_available", return_value=True):
+        assert [choose_backend("auto", n, gpus) for n, gpus in ((2, 0), (2, 2), (4, 2), (1, 8))] == [
+            "gloo", "nccl", "gloo", "nccl"]
+        assert choose_backend("gloo", 2, 2) == "gloo"
+        with pytest.raises(UserError, match="2 processes here share 1 GPUs"):
+            choose_backend("nccl", 2, 1)
+    if not torch.cuda.is_available():
+        assert main(["run", "x.yaml", "--workers", "2", "--backend", "nccl"]) == 2
+        assert capsys.readouterr().err.strip() == ("fedlm: --backend nccl needs a GPU of its own for every process, "
+                                                   "but torch sees no GPU: use --backend gloo (or auto)")
 
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config(tmp_path, tiny_csv)))
     with mock.patch("fedlm.cli._dispatch", side_effect=KeyboardInterrupt):  # Ctrl-C names the run to resume

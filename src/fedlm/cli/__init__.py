@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, metavar="N",
                      help="spread each round's clients over N local processes (torch.distributed, gloo; one GPU "
                           "each when there are GPUs); under torchrun leave it out")
+    run.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                     help="how the processes of --workers or torchrun talk: gloo (CPU), nccl (one GPU per process), "
+                          "auto (nccl when every process has a GPU of its own, else gloo)")
     run.add_argument("--worker-timeout-s", type=float, default=3600.0,
                      help="how long a worker waits for the others at a round's end before the run stops "
                           "(default 3600; longer than the slowest worker's share of a round)")
@@ -120,7 +123,7 @@ def _main(raw: list[str]) -> int:
         if args.command == "run" and workers is not None:  # this process only starts and watches the workers
             from fedlm.cli.workers import launch, without_workers
 
-            return launch(without_workers(raw), workers, run_dir_of(args))
+            return launch(without_workers(raw), workers, run_dir_of(args), args.backend)
         configure_output(args.verbose)
         os.environ.setdefault("HF_HUB_OFFLINE", "0")
         with logging_redirect_tqdm():  # log lines above the progress bars, not through them

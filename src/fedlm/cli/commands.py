@@ -134,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.resume and not args.config:
         raise UserError("fedlm run needs a CONFIG file (or --resume RUN_DIR)")
     data_dir = resolve_data_dir(args.data_dir)
-    collective = join(args.worker_timeout_s)
+    collective = join(args.worker_timeout_s, args.backend)
     try:
         if not collective.leads:
             serve_runs(collective, data_dir)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from fedlm.errors import UserError
 from fedlm.federation.collective import LOCAL, Collective, TorchCollective
@@ -26,7 +27,7 @@ LAUNCHED_ENV = "FEDLM_LAUNCHED"  # set in the processes `fedlm run --workers` st
 STOP_GRACE_S = 10.0  # how long a stopped worker may take to exit before it is killed
 
 
-def check_workers(workers: int) -> None:
+def check_workers(workers: int, backend: str = "auto") -> None:
     """Refuse, in one line, a worker count this machine cannot give one share each of its GPUs."""
     if workers < 1:
         raise UserError(f"--workers {workers}: give 1 or more worker processes")
@@ -37,12 +38,28 @@ def check_workers(workers: int) -> None:
     if gpus and workers > gpus and workers % gpus:
         raise UserError(f"--workers {workers} on {gpus} GPUs: the workers would share them unevenly; give a "
                         f"multiple of {gpus}, or list as many devices as workers in CUDA_VISIBLE_DEVICES")
+    choose_backend(backend, workers, gpus)
 
 
-def launch(argv: list[str], workers: int, run_dir: str = "RUN_DIR") -> int:
+def choose_backend(requested: str, processes_here: int, gpus: int) -> str:
+    """The ``torch.distributed`` backend for ``processes_here`` processes on a machine with ``gpus`` GPUs: NCCL
+    needs a GPU of its own for each process (it refuses two ranks on one device), gloo runs anywhere. ``auto``
+    takes NCCL exactly when it can."""
+    fits = 0 < processes_here <= gpus and dist.is_nccl_available()
+    if requested == "auto":
+        return "nccl" if fits else "gloo"
+    if requested == "nccl" and not fits:
+        why = ("torch sees no GPU" if not gpus else "this torch build has no NCCL" if not dist.is_nccl_available()
+               else f"{processes_here} processes here share {gpus} GPUs")
+        raise UserError(f"--backend nccl needs a GPU of its own for every process, but {why}: use --backend gloo "
+                        "(or auto)" + (f", or at most {gpus} workers" if gpus and dist.is_nccl_available() else ""))
+    return requested
+
+
+def launch(argv: list[str], workers: int, run_dir: str = "RUN_DIR", backend: str = "auto") -> int:
     """Run ``fedlm <argv>`` as ``workers`` processes of one group; the exit code of the first that fails, else 0.
     ``run_dir``: where the run goes, for the line that says how to continue it."""
-    check_workers(workers)
+    check_workers(workers, backend)
     port = _free_port()
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
     with tempfile.TemporaryDirectory(prefix="fedlm-workers-") as logs:
@@ -119,11 +136,16 @@ def without_workers(argv: list[str]) -> list[str]:
     return out
 
 
-def join(timeout_s: float) -> Collective:
+def join(timeout_s: float, backend: str = "auto") -> Collective:
     """This process's group: the one ``torchrun`` or ``launch`` described in its environment, else alone. A
-    worker with GPUs takes its own (LOCAL_RANK), so the run's ``train.device: auto`` resolves to it."""
+    worker with GPUs takes its own (LOCAL_RANK), so the run's ``train.device: auto`` resolves to it. Every
+    process of a machine decides the backend alike (from the same GPUs and LOCAL_WORLD_SIZE); across machines
+    give ``--backend`` explicitly if they differ."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return LOCAL
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    return TorchCollective.from_environment(timeout_s)
+    gpus = torch.cuda.device_count()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    chosen = choose_backend(backend, local_world, gpus)
+    if gpus:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % gpus)
+    return TorchCollective.from_environment(timeout_s, chosen)

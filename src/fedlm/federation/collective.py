@@ -54,32 +54,36 @@ LOCAL = Collective()
 
 
 class TorchCollective(Collective):
-    """The processes of a ``torch.distributed`` group (gloo: the sums and objects are CPU-side).
+    """The processes of a ``torch.distributed`` group: gloo (the sums travel CPU-side) or NCCL (each process's
+    own GPU; the CPU-side float64 sums go through it).
 
     ``timeout_s`` bounds every collective: a process that died or hangs makes the others fail after it
     rather than wait forever."""
 
-    def __init__(self, rank: int, world: int, timeout_s: float) -> None:
+    def __init__(self, rank: int, world: int, timeout_s: float, backend: str = "gloo") -> None:
         self.rank = rank
         self.world = world
         self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.backend = backend
+        # where the collectives' tensors must be: gloo moves CPU tensors, NCCL this process's GPU
+        self.wire = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
     @classmethod
-    def from_environment(cls, timeout_s: float) -> TorchCollective:
+    def from_environment(cls, timeout_s: float, backend: str = "gloo") -> TorchCollective:
         """Join the group that ``torchrun`` (or ``fedlm run --workers``) described in RANK / WORLD_SIZE /
-        MASTER_ADDR / MASTER_PORT."""
-        collective = cls(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), timeout_s)
+        MASTER_ADDR / MASTER_PORT, over ``backend`` (gloo, or nccl with this process's GPU already set)."""
+        collective = cls(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), timeout_s, backend)
         if not dist.is_initialized():
-            dist.init_process_group("gloo", rank=collective.rank, world_size=collective.world,
+            dist.init_process_group(backend, rank=collective.rank, world_size=collective.world,
                                     timeout=collective.timeout)
         return collective
 
     def all_sum(self, tensors: Sequence[torch.Tensor]) -> None:
         for bucket in _buckets(tensors):
-            if len(bucket) == 1:
+            if len(bucket) == 1 and bucket[0].device == self.wire:
                 dist.all_reduce(bucket[0])
                 continue
-            flat = torch.cat([t.reshape(-1) for t in bucket])
+            flat = torch.cat([t.reshape(-1).to(self.wire) for t in bucket])
             dist.all_reduce(flat)
             offset = 0
             for tensor in bucket:
@@ -98,12 +102,12 @@ class TorchCollective(Collective):
 
     def broadcast_tensors(self, tensors: Iterable[torch.Tensor]) -> None:
         for tensor in tensors:
-            if tensor.device.type == "cpu":
+            if tensor.device == self.wire:
                 dist.broadcast(tensor, src=0)
-            else:  # gloo moves CPU tensors: a GPU worker's go through a CPU copy
-                host = tensor.detach().cpu()
-                dist.broadcast(host, src=0)
-                tensor.copy_(host)
+            else:  # through a copy where the backend can move it (gloo: a GPU worker's via the CPU)
+                moved = tensor.detach().to(self.wire)
+                dist.broadcast(moved, src=0)
+                tensor.copy_(moved)
 
     def close(self) -> None:
         if dist.is_initialized():
