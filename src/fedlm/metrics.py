@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
-from rouge_score import rouge_scorer
 from scipy import stats
 from seqeval.metrics import f1_score as entity_f1
 from seqeval.metrics import precision_score, recall_score
@@ -136,6 +135,8 @@ def rouge(predictions: list[str], references: list[str]) -> dict[str, float]:
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
     if not references:
         return dict.fromkeys(ROUGE_TYPES, math.nan)
+    from rouge_score import rouge_scorer  # here: it brings nltk (seconds of start-up) that only seq2seq needs
+
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     scores = [scorer.score(ref, pred) for pred, ref in zip(predictions, references, strict=True)]
     return {name: float(np.mean([s[name].fmeasure for s in scores])) for name in ROUGE_TYPES}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -15,13 +16,15 @@ from fedlm.data.partition import Partition, PartitionInput, build_partitioner, h
 from fedlm.data.sources import LoadedData, load_source
 from fedlm.errors import UserError
 from fedlm.federation.attacks import Attack
-from fedlm.models.adapters import Adapter, apply_adapter
 from fedlm.models.build import build_model, build_tokenizer, check_max_length
 from fedlm.models.device import check_precision, resolve_device
 from fedlm.models.presets import is_decoder_family
 from fedlm.models.quantization import enable_checkpointing, is_quantized
 from fedlm.run.attack_setup import set_up_attack
 from fedlm.tasks import MaskedLMTask, Task, get_task
+
+if TYPE_CHECKING:
+    from fedlm.models.adapters import Adapter
 
 
 def resolve_task(requested: str, data_kind: str, family: str) -> str:
@@ -173,7 +176,11 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
     check_max_length(model, config.model.max_length)
     if config.train.gradient_checkpointing:
         enable_checkpointing(model)
-    adapter = apply_adapter(config.adapter, model, task_name, config.seed) if config.adapter is not None else None
+    adapter = None
+    if config.adapter is not None:
+        from fedlm.models.adapters import apply_adapter  # here: peft (and bitsandbytes through it) takes seconds
+
+        adapter = apply_adapter(config.adapter, model, task_name, config.seed)
     if not is_quantized(model):  # bitsandbytes placed a quantized base itself (it cannot be moved)
         model.to(device)  # every copy (split clients, trunk) and every loaded tensor follows the model's device
     task = build_task(config, task_name, loaded.label_names,
