@@ -3,6 +3,7 @@ tokenizer's own chat template), bad input in one line, and FedAvg and split runs
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import typing
@@ -23,7 +24,7 @@ from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
 from fedlm.tasks import ChatTask, get_task
 from fedlm.tasks.base import IGNORE_INDEX
-from fedlm.tasks.chat import CHOICES, TEMPLATES, encode_conversation, template_of
+from fedlm.tasks.chat import CHOICES, TEMPLATES, encode_conversation, end_of_turn_ids, template_of
 from fedlm.tasks.seq2seq import _shifted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -124,6 +125,19 @@ def test_a_tokenizer_chat_template_labels_content_and_its_end_of_turn(tokenizers
         "<|im_start|>assistant\n<|im_start|>user\nand how are you<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_decoding_stops_at_a_templates_end_of_turn_token(tokenizers):
+    tokenizer = copy.deepcopy(tokenizers["llama"])
+    assert end_of_turn_ids(tokenizer, CHATML) == ()  # <|im_end|> is plain text to this tokenizer
+    assert end_of_turn_ids(tokenizer, TEMPLATES["plain"]) == ()  # the named templates end turns with eos
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_ids(tokenizer, CHATML) == (end,)
+    task = ChatTask(template="tokenizer", max_new_tokens=4)
+    tokenizer.chat_template = CHATML
+    task.preprocess(datasets.Dataset.from_dict({"target": [json.dumps(CONVERSATION)]}), tokenizer, 64)
+    assert task.stop_ids == (end,)
+
+
 def test_template_choice(tokenizers):
     tokenizer = tokenizers["llama"]
     assert template_of(tokenizer, "auto") == TEMPLATES["plain"]  # fedlm's tokenizers have no chat template
@@ -163,6 +177,11 @@ def test_messages_alpaca_and_prompt_response_rows_load_as_conversations(tmp_path
     rows = [json.loads(t) for t in load_source(str(alpaca), tmp_path, task="chat").splits["train"]["target"]]
     assert {"role": "user", "content": "Translate\n\nhallo"} in [row[0] for row in rows]
     assert {"role": "user", "content": "Say hi"} in [row[0] for row in rows]
+    turns = [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]
+    sharegpt = _write_jsonl(tmp_path / "s.jsonl", [{"conversations": turns}] * 4)
+    rows = [json.loads(t) for t in load_source(str(sharegpt), tmp_path, task="chat").splits["train"]["target"]]
+    assert rows[0] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": "yo"}]
     csv = tmp_path / "p.csv"
     csv.write_text("q,a,site\n" + "".join(f"ask {i},reply {i},s{i % 2}\n" for i in range(6)))
     pairs = load_source(str(csv), tmp_path, task="chat", columns={"text": "q", "target": "a", "group": "site"})
@@ -177,6 +196,9 @@ def test_messages_alpaca_and_prompt_response_rows_load_as_conversations(tmp_path
     ([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]}],
      "message 2 \\(assistant\\) has content of type NoneType"),
     ([{"question_text": "hi", "reply": "yo"}], "has no chat columns"),
+    ([{"conversations": [{"from": "human", "value": "hi"}, {"from": "bot", "value": "yo"}]}],
+     "line 1: turn 2 is from the unknown speaker 'bot'"),
+    ([{"conversations": [{"from": "human", "value": "hi"}]}], "line 1: the conversation has no assistant turn"),
 ])
 def test_bad_rows_are_one_line(tmp_path, rows, expected):
     source = _write_jsonl(tmp_path / "bad.jsonl", rows * 4)

@@ -100,6 +100,21 @@ def segments(tokenizer: PreTrainedTokenizerBase, template: str, turns: list[Mess
     return [*pieces, (whole[len(done):], False)]
 
 
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, template: str) -> tuple[int, ...]:
+    """The special token the template ends an assistant turn with, where it is not eos (ChatML's ``<|im_end|>``,
+    Gemma's ``<end_of_turn>``): decoding stops there too, as the model was taught to end its answers with it.
+    Empty when the turn ends in eos or in plain text."""
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    try:
+        turn = next(text for text, assistant in segments(tokenizer, template, probe) if assistant)
+    except UserError:
+        return ()  # a template that needs more than the probe: the conversations themselves will say so
+    ending = turn[turn.index("a") + 1:] if "a" in turn else ""
+    ids = tokenizer(ending, add_special_tokens=False)["input_ids"] if ending else []
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    return (ids[0],) if ids and ids[0] in special and ids[0] != tokenizer.eos_token_id else ()
+
+
 class ChatTask(Seq2SeqTask):
     """Conversations (system / user / assistant turns) for a decoder-only LM; the loss on assistant tokens."""
 
@@ -126,7 +141,9 @@ class ChatTask(Seq2SeqTask):
         if self.target_column not in ds.column_names:
             raise UserError("chat data needs conversations: load it with task: chat (a messages column, "
                             "instruction / output columns, or prompt / response columns)")
-        return map_batches(ds, self._rows(template_of(tokenizer, self.template), max_length))
+        template = template_of(tokenizer, self.template)
+        self.stop_ids = end_of_turn_ids(tokenizer, template)
+        return map_batches(ds, self._rows(template, max_length))
 
     def _rows(self, template: str, max_length: int) -> Callable[[dict[str, list]], dict[str, list]]:
         tokenizer = self.bound_tokenizer

@@ -50,12 +50,14 @@ def generate(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     decoding: Decoding,
+    stop_ids: tuple[int, ...] = (),
 ) -> list[str]:
     """Generated texts for a batch of (left-padded, for a decoder-only model) prompts, special tokens removed.
 
     A decoder-only model's output repeats its prompt; only the continuation is decoded. Generation stops at
-    end-of-text or after ``max_new_tokens``; the model's own generation defaults (sampling, penalties, a
-    checkpoint's ``min_length``) are overridden so that decoding is exactly greedy or beam search."""
+    end-of-text, at any of ``stop_ids`` (a chat template's end-of-turn token), or after ``max_new_tokens``; the
+    model's own generation defaults (sampling, penalties, a checkpoint's ``min_length``) are overridden so that
+    decoding is exactly greedy or beam search."""
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -68,7 +70,7 @@ def generate(
         repetition_penalty=1.0,
         length_penalty=1.0,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=[tokenizer.eos_token_id, *stop_ids] if stop_ids else tokenizer.eos_token_id,
     )
     if not model.config.is_encoder_decoder:
         out = out[:, input_ids.shape[1]:]

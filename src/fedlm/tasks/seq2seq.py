@@ -54,6 +54,7 @@ class Seq2SeqTask(Task):
         super().__init__(tokenizer, precision=precision)
         self.encoder_decoder = encoder_decoder
         self.decoding = Decoding(num_beams=num_beams, max_new_tokens=max_new_tokens)
+        self.stop_ids: tuple[int, ...] = ()  # tokens besides eos that end a generated answer (chat: end of turn)
 
     # ------------------------------------------------------------------------------------------- rows
 
@@ -162,7 +163,8 @@ class Seq2SeqTask(Task):
         batch = to_device(batch, model)
         logits, targets = self._logits_and_targets(model, batch)
         prompt = ("input_ids", "attention_mask") if self.encoder_decoder else ("prompt_ids", "prompt_mask")
-        predictions = generate(model, self.bound_tokenizer, batch[prompt[0]], batch[prompt[1]], self.decoding)
+        predictions = generate(model, self.bound_tokenizer, batch[prompt[0]], batch[prompt[1]], self.decoding,
+                               self.stop_ids)
         return {
             "loss_sum": F.cross_entropy(logits.float(), targets, reduction="sum").item(),
             "count": targets.numel(),

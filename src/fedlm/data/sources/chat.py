@@ -1,6 +1,7 @@
 """Instruction and chat data (``task: chat``): local JSONL / JSON / Parquet / CSV / TSV files whose rows are
 
-* a conversation: a ``messages`` column of ``{"role": "system" | "user" | "assistant", "content": ...}`` turns;
+* a conversation: a ``messages`` column of ``{"role": "system" | "user" | "assistant", "content": ...}`` turns,
+  or ShareGPT's ``conversations`` column of ``{"from": "system" | "human" | "gpt", "value": ...}`` turns;
 * an Alpaca-style instruction: ``instruction``, optional ``input`` and ``output`` columns;
 * any prompt / response pair: ``prompt`` / ``response`` columns (or ``question`` / ``answer``), or the columns
   that ``data.columns {text: <prompt>, target: <response>}`` maps.
@@ -36,6 +37,8 @@ _SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": 
 _PROMPTS = ("prompt", "question", "query")
 _RESPONSES = ("response", "answer", "completion", "chosen")
 Message = dict[str, str]
+SHAREGPT = "conversations"  # ShareGPT's column of {from, value} turns
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 
 
 def conversation(target: str) -> list[Message]:
@@ -69,6 +72,23 @@ def check_messages(what: object, where: str, value: Any) -> list[Message]:
     return turns
 
 
+def from_sharegpt(what: object, where: str, value: Any) -> Any:
+    """ShareGPT's ``{from, value}`` turns as ``{role, content}`` ones (``human`` is the user, ``gpt`` the
+    assistant); anything else is left for :func:`check_messages` to name."""
+    if not isinstance(value, list):
+        return value
+    turns = []
+    for i, turn in enumerate(value, 1):
+        if isinstance(turn, dict) and "from" in turn and "value" in turn:
+            speaker = turn["from"]
+            if speaker not in SHAREGPT_ROLES:
+                raise UserError(f"{what} {where}: turn {i} is from the unknown speaker {speaker!r}; ShareGPT "
+                                f"speakers are {', '.join(SHAREGPT_ROLES)}")
+            turn = {"role": SHAREGPT_ROLES[speaker], "content": turn["value"]}
+        turns.append(turn)
+    return turns
+
+
 def _layout(columns: dict[str, str] | None, available: list[str], what: object) -> tuple[str, dict[str, str]]:
     """Which of the three row shapes the file has, and role -> column for it."""
     mapping = dict(columns or {})
@@ -77,6 +97,8 @@ def _layout(columns: dict[str, str] | None, available: list[str], what: object) 
     if missing := [column for column in mapping.values() if column not in available]:
         raise UserError(f"column '{missing[0]}' not found in {what}; columns are: {', '.join(available)}")
     pair = {"text", "target"} & set(mapping)
+    if "messages" not in mapping and not pair and "messages" not in available and SHAREGPT in available:
+        return "sharegpt", {"messages": SHAREGPT, **mapping}
     if "messages" in mapping or (not pair and "messages" in available):
         if pair:
             raise UserError(f"{what}: map messages or text / target (prompt / response) for chat data, not both")
@@ -97,6 +119,8 @@ def _layout(columns: dict[str, str] | None, available: list[str], what: object) 
 def _turns(path: Path, where: str, fields: dict[str, Any], shape: str, mapping: dict[str, str]) -> list[Message]:
     if shape == "messages":
         return check_messages(path, where, field_of(path, where, fields, mapping["messages"]))
+    if shape == "sharegpt":
+        return check_messages(path, where, from_sharegpt(path, where, field_of(path, where, fields, SHAREGPT)))
     if shape == "alpaca":
         prompt = text_of(path, where, fields, mapping["instruction"])
         extra = fields.get(mapping["input"]) if "input" in mapping else None
