@@ -25,7 +25,6 @@ from fedlm.run.single import run_single
 from fedlm.tasks import ChatTask, get_task
 from fedlm.tasks.base import IGNORE_INDEX
 from fedlm.tasks.chat import CHOICES, TEMPLATES, encode_conversation, end_of_turn_ids, template_of
-from fedlm.tasks.seq2seq import _shifted
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,8 +103,8 @@ def test_only_the_assistant_content_and_eos_are_labelled(tokenizers, family):
     # the loss counts those tokens and no others (position t predicts label t + 1)
     task = get_task("chat", tokenizer, max_new_tokens=8)
     batch = task.collate([row, {"input_ids": ids[:5], "labels": [IGNORE_INDEX] * 5}], torch.Generator())
-    _, targets = _shifted(torch.zeros(*batch["input_ids"].shape, 4), batch["labels"])
-    assert targets.tolist() == first + second
+    predicted = batch["labels"][:, 1:][batch["labels"][:, 1:] != IGNORE_INDEX]
+    assert predicted.tolist() == first + second
 
 
 def test_a_tokenizer_chat_template_labels_content_and_its_end_of_turn(tokenizers):

@@ -96,6 +96,10 @@ def test_rows_train_on_the_right_option_only(tokenizers, family):
     model = _model(family, tokenizers)
     loss, count = task.loss(model, batch)
     assert count == sum(len(r["option_ids"][r["label"]]) for r in rows[:2]) and torch.isfinite(loss)
+    # the head runs at the answer's positions only; the loss is the one over the model's full logits
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    reference = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
+    assert loss.item() == pytest.approx(reference.item(), abs=1e-5)
     loss.backward()
 
 
@@ -110,6 +114,11 @@ def test_evaluate_scores_every_option(tokenizers, family):
         "label": [0, 2, 1],
     })
     rows = task.preprocess(ds, tok, 64).to_list()
+    # one item's options made one token each, as " yes" / " no" are to a real tokenizer: it is scored from the
+    # prompt's next-token distribution, the others option by option; both ways in one batch
+    first = rows[0]
+    first["option_ids"] = [[7], [11]]
+    first["input_ids"] = [*first["input_ids"][: first["prompt_length"]], 7]
     lls, chars, nll, count = [], [], 0.0, 0
     with torch.no_grad():
         for row in rows:
@@ -122,6 +131,9 @@ def test_evaluate_scores_every_option(tokenizers, family):
     result = task.evaluate(model, rows, batch_size=2, generator=torch.Generator())
     expected = choice_scores(lls, chars, [row["label"] for row in rows])
     assert result["acc"] == expected["acc"] and result["acc_norm"] == expected["acc_norm"]
+    with torch.no_grad():
+        fast = task._eval_part(model, rows, {})["loglikelihoods"]
+    assert fast == [pytest.approx(ll, abs=1e-5) for ll in lls]
     assert result["loss"] == pytest.approx(nll / count, abs=1e-5)
     assert result["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-5)
     assert set(result) == {"acc", "acc_norm", "loss", "perplexity"}

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fedlm import metrics
 from fedlm.models.device import autocast, model_device
+from fedlm.models.heads import task_logits
 
 Batch = dict[str, torch.Tensor]
 Rows = datasets.Dataset | Sequence[dict]  # preprocessed examples, as a Dataset or its ``to_list()``
@@ -256,6 +257,17 @@ def model_inputs(batch: Batch) -> Batch:
 def base_hidden(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
     """The base model's last hidden state (what every task head takes)."""
     return model.base_model(**model_inputs(batch)).last_hidden_state
+
+
+def next_token_logits(model: PreTrainedModel, hidden: torch.Tensor,
+                      labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vocabulary logits (units x vocab) at the positions that predict a labelled token (position t predicts
+    label t + 1), and those labels. The head runs at those positions only: an answer of a few tokens after a
+    long prompt, through Gemma's 262k-word head, would otherwise cost more than the whole model and gigabytes of
+    logits per batch."""
+    targets = labels[:, 1:]
+    predicted = targets != IGNORE_INDEX
+    return task_logits(model, hidden[:, :-1][predicted][None])[0], targets[predicted]
 
 
 def to_device(batch: Batch, model: PreTrainedModel) -> Batch:

@@ -28,7 +28,16 @@ from fedlm.errors import UserError
 from fedlm.metrics import perplexity
 from fedlm.models.heads import task_logits
 from fedlm.models.presets import is_decoder_family
-from fedlm.tasks.base import IGNORE_INDEX, Batch, Task, base_hidden, map_batches, pad_ids, to_device
+from fedlm.tasks.base import (
+    IGNORE_INDEX,
+    Batch,
+    Task,
+    base_hidden,
+    map_batches,
+    next_token_logits,
+    pad_ids,
+    to_device,
+)
 
 DELIMITER = " "  # between prompt and option, as lm-eval's target_delimiter
 # lm-eval's PubMedQA prompt ("Abstract: ...\nQuestion: ...\nAnswer:") with a label that fits any passage
@@ -73,6 +82,20 @@ def sequence_loglikelihoods(
     sums = torch.zeros(len(pairs), dtype=torch.float64, device=device)
     sums.index_add_(0, torch.tensor(rows, device=device), token_scores.double())
     return sums.tolist()
+
+
+def next_token_logprobs(model: PreTrainedModel, pad_token_id: int | None,
+                        contexts: Sequence[Sequence[int]]) -> torch.Tensor:
+    """log P(next token | context) over the vocabulary (contexts x vocab, float32) for each context, in one
+    right-padded batch: what every one-token continuation of a context is scored from."""
+    check_decoder(model)
+    if any(not context for context in contexts):
+        raise ValueError("every context needs at least one token")
+    ids, mask = pad_ids([list(context) for context in contexts], pad_token_id if pad_token_id is not None else 0)
+    hidden = base_hidden(model, to_device({"input_ids": ids, "attention_mask": mask}, model))
+    last = torch.tensor([len(context) - 1 for context in contexts], device=hidden.device)
+    picked = hidden[torch.arange(len(contexts), device=hidden.device), last]
+    return F.log_softmax(task_logits(model, picked[None])[0].float(), dim=-1)
 
 
 def check_decoder(model: PreTrainedModel) -> None:
@@ -198,13 +221,10 @@ class MultipleChoiceTask(Task):
     # ------------------------------------------------------------------------------------------- loss
 
     def loss_from_hidden(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
-        logits = task_logits(model, hidden)
-        targets = batch["labels"][:, 1:]
-        predicted = targets != IGNORE_INDEX
-        count = int(predicted.sum())
+        logits, targets = next_token_logits(model, hidden, batch["labels"])  # the right option's tokens only
+        count = targets.numel()
         # sum / count rather than mean: an empty batch then yields a zero loss that still backpropagates
-        loss = F.cross_entropy(logits[:, :-1][predicted].float(), targets[predicted], reduction="sum")
-        return loss / max(count, 1), count
+        return F.cross_entropy(logits.float(), targets, reduction="sum") / max(count, 1), count
 
     def target_metric(self) -> tuple[str, str]:
         return ("acc", "max")
@@ -215,14 +235,24 @@ class MultipleChoiceTask(Task):
         raise NotImplementedError("multiple_choice scores rows (their options), not a collated batch")
 
     def _eval_part(self, model: PreTrainedModel, rows: list[dict], batch: Batch) -> dict[str, Any]:
-        """Every option of every row in one forward pass."""
+        """Every option of every row: rows whose options are one token each (PubMedQA's yes / no / maybe) from one
+        pass over their prompts, the next-token distribution scoring all options at once; the others in one pass
+        over every prompt + option."""
         del batch
-        pairs = [(row["input_ids"][: row["prompt_length"]], ids) for row in rows for ids in row["option_ids"]]
-        flat = sequence_loglikelihoods(model, self.bound_tokenizer.pad_token_id, pairs)
-        scores, start = [], 0
-        for row in rows:
-            scores.append(flat[start : start + len(row["option_ids"])])
-            start += len(row["option_ids"])
+        pad = self.bound_tokenizer.pad_token_id
+        scores: list[list[float]] = [[] for _ in rows]
+        short = [i for i, row in enumerate(rows) if all(len(ids) == 1 for ids in row["option_ids"])]
+        if short:
+            prompts = [rows[i]["input_ids"][: rows[i]["prompt_length"]] for i in short]
+            for i, logprobs in zip(short, next_token_logprobs(model, pad, prompts), strict=True):
+                scores[i] = logprobs[[ids[0] for ids in rows[i]["option_ids"]]].double().tolist()
+        long = [i for i in range(len(rows)) if i not in set(short)]
+        pairs = [(rows[i]["input_ids"][: rows[i]["prompt_length"]], ids) for i in long for ids in rows[i]["option_ids"]]
+        flat = sequence_loglikelihoods(model, pad, pairs) if pairs else []
+        start = 0
+        for i in long:
+            scores[i] = flat[start : start + len(rows[i]["option_ids"])]
+            start += len(rows[i]["option_ids"])
         return {
             "loglikelihoods": scores,
             "option_chars": [row["option_chars"] for row in rows],

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from fedlm.models.heads import task_logits
-from fedlm.tasks.base import IGNORE_INDEX, Batch, TokenPredictionTask, pad_ids
+from fedlm.tasks.base import IGNORE_INDEX, Batch, TokenPredictionTask, next_token_logits, pad_ids
 
 
 class CausalLMTask(TokenPredictionTask):
@@ -20,7 +19,4 @@ class CausalLMTask(TokenPredictionTask):
         return {"input_ids": ids, "attention_mask": attention_mask, "labels": labels}
 
     def _head(self, model: PreTrainedModel, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = task_logits(model, hidden)
-        targets = batch["labels"][:, 1:]
-        predicted = targets != IGNORE_INDEX
-        return logits[:, :-1][predicted], targets[predicted]
+        return next_token_logits(model, hidden, batch["labels"])  # padding never reaches the head

@@ -27,8 +27,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fedlm import metrics
 from fedlm.errors import UserError
-from fedlm.models.heads import task_logits
-from fedlm.tasks.base import IGNORE_INDEX, Batch, Task, base_hidden, map_batches, pad_ids, to_device
+from fedlm.tasks.base import (
+    IGNORE_INDEX,
+    Batch,
+    Task,
+    base_hidden,
+    map_batches,
+    next_token_logits,
+    pad_ids,
+    to_device,
+)
 from fedlm.tasks.generation import Decoding, bytes_to_texts, generate, left_pad, texts_to_bytes
 
 _TRAIN_KEYS = ("input_ids", "attention_mask", "labels")  # what training batches hold (and split clients send)
@@ -139,12 +147,12 @@ class Seq2SeqTask(Task):
         if self.encoder_decoder:
             raise UserError(f"split learning does not cut encoder-decoder models ({model.config.model_type}); "
                             "use a decoder-only family (gpt2, llama) for split seq2seq")
-        return _token_loss(*_shifted(task_logits(model, hidden), batch["labels"]))
+        return _token_loss(*next_token_logits(model, hidden, batch["labels"]))
 
     def _logits_and_targets(self, model: PreTrainedModel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = {key: batch[key] for key in _TRAIN_KEYS}
         if not self.encoder_decoder:
-            return _shifted(task_logits(model, base_hidden(model, inputs)), inputs["labels"])
+            return next_token_logits(model, base_hidden(model, inputs), inputs["labels"])
         labels = inputs["labels"]
         logits = model(
             input_ids=inputs["input_ids"],
@@ -178,13 +186,6 @@ class Seq2SeqTask(Task):
         references = [text for part in parts for text in part["references"]]
         loss = sum(part["loss_sum"] for part in parts) / count if count else math.nan
         return {"loss": loss, **metrics.rouge(predictions, references)}
-
-
-def _shifted(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token logits and targets at the labelled positions (position t predicts label t + 1)."""
-    targets = labels[:, 1:]
-    predicted = targets != IGNORE_INDEX
-    return logits[:, :-1][predicted], targets[predicted]
 
 
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
