@@ -9,6 +9,7 @@ import torch
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.executor import ClientReport
+from fedlm.federation.screening import CHUNK, UpdateScreen, squared_distance
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt, build_strategy
 from fedlm.federation.strategies.krum import Krum
@@ -149,3 +150,18 @@ def test_rules_that_cannot_work_are_refused_in_one_line(tmp_path, tiny_csv):
                "privacy": {"kind": "client", "clip": 1.0, "noise_multiplier": 1.0}}
     with pytest.raises(UserError, match=r"protocol\.aggregator median would take another statistic"):
         validate(private)
+
+
+def test_the_screens_change_norm_is_the_exact_distance_chunk_by_chunk():
+    """``update_norms`` come from the screen: its chunked distance equals torch's over a tensor that spans several
+    chunks (and a partial last one), a small one, and a non-contiguous one."""
+    gen = torch.Generator().manual_seed(0)
+    big = torch.randn(CHUNK * 2 + 77, generator=gen)
+    current = {"big": big, "small": torch.randn(5, 3, generator=gen), "t": torch.randn(40, 30, generator=gen).t()}
+    params = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in current.items()}
+    for name in current:
+        assert squared_distance(params[name], current[name]) == pytest.approx(
+            float(torch.dist(params[name].double(), current[name].double())) ** 2, rel=1e-5)
+    growth = UpdateScreen.of(current, None).growth(params)
+    expected = sum(float(torch.dist(params[n].double(), current[n].double())) ** 2 for n in current) ** 0.5
+    assert growth is not None and growth.change == pytest.approx(expected, rel=1e-5)
