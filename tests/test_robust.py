@@ -9,12 +9,13 @@ import torch
 from fedlm.config import validate
 from fedlm.errors import UserError
 from fedlm.federation.executor import ClientReport
-from fedlm.federation.screening import CHUNK, UpdateScreen, squared_distance
+from fedlm.federation.params import RunningMean, squared_distance
+from fedlm.federation.screening import UpdateScreen
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.strategies import ClientUpdate, FedAvg, FedOpt, build_strategy
 from fedlm.federation.strategies.krum import Krum
 from fedlm.federation.strategies.median import CoordinateMedian
-from fedlm.federation.strategies.norm_bound import MedianNormBounded, NormBounded
+from fedlm.federation.strategies.norm_bound import MedianNormBounded, NormBounded, update_norm
 from fedlm.federation.strategies.trimmed_mean import TrimmedMean
 from fedlm.run.placement import Simulation
 from fedlm.run.recorder import read_metrics
@@ -153,10 +154,11 @@ def test_rules_that_cannot_work_are_refused_in_one_line(tmp_path, tiny_csv):
 
 
 def test_the_screens_change_norm_is_the_exact_distance_chunk_by_chunk():
-    """``update_norms`` come from the screen: its chunked distance equals torch's over a tensor that spans several
-    chunks (and a partial last one), a small one, and a non-contiguous one."""
+    """``update_norms`` come from the screen, norm bounding's norms from the same distance: chunked, it equals
+    torch's over a tensor that spans several chunks (and a partial last one), a small one, and a non-contiguous
+    one."""
     gen = torch.Generator().manual_seed(0)
-    big = torch.randn(CHUNK * 2 + 77, generator=gen)
+    big = torch.randn(RunningMean.CHUNK * 2 + 77, generator=gen)
     current = {"big": big, "small": torch.randn(5, 3, generator=gen), "t": torch.randn(40, 30, generator=gen).t()}
     params = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in current.items()}
     for name in current:
@@ -165,3 +167,4 @@ def test_the_screens_change_norm_is_the_exact_distance_chunk_by_chunk():
     growth = UpdateScreen.of(current, None).growth(params)
     expected = sum(float(torch.dist(params[n].double(), current[n].double())) ** 2 for n in current) ** 0.5
     assert growth is not None and growth.change == pytest.approx(expected, rel=1e-5)
+    assert update_norm(current, params) == growth.change

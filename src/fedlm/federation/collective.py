@@ -64,7 +64,6 @@ class TorchCollective(Collective):
         self.rank = rank
         self.world = world
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.backend = backend
         # where the collectives' tensors must be: gloo moves CPU tensors, NCCL this process's GPU
         self.wire = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 

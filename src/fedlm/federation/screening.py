@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedlm.federation.params import NamedTensors
+from fedlm.federation.params import NamedTensors, squared_distance
 
 SCALE_FLOOR = 0.01
 
@@ -27,26 +27,6 @@ def _rms(tensors: list[torch.Tensor]) -> list[float]:
         return []
     norms = torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]).tolist()
     return [norm / math.sqrt(max(t.numel(), 1)) for norm, t in zip(norms, tensors, strict=True)]
-
-
-CHUNK = 1 << 18  # values subtracted at a time into one reused buffer (1 MB of fp32)
-_buffer: list[torch.Tensor] = []  # this process's buffer (the screen runs in the round loop's thread)
-
-
-def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b||^2. ``torch.dist`` makes the difference as a fresh tensor the size of ``a``, whose pages are new
-    every client (MiniLM's embedding: 47 MB, ~50 ms a client for the whole model); a chunk at a time through one
-    reused buffer, the same differences cost a fraction of that. Chunks' squared norms are summed in float64."""
-    if a.device.type != "cpu" or a.dtype != torch.float32 or b.dtype != torch.float32 or a.numel() <= CHUNK:
-        return float(torch.dist(a.float(), b.float())) ** 2
-    if not _buffer:
-        _buffer.append(torch.empty(CHUNK, dtype=torch.float32))
-    flat_a, flat_b, total = a.reshape(-1), b.reshape(-1), 0.0
-    for start in range(0, flat_a.numel(), CHUNK):
-        part = _buffer[0][: min(CHUNK, flat_a.numel() - start)]
-        torch.sub(flat_a[start:start + CHUNK], flat_b[start:start + CHUNK], out=part)
-        total += float(torch.linalg.vector_norm(part)) ** 2
-    return total
 
 
 @dataclass(frozen=True)

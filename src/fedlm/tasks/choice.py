@@ -64,8 +64,6 @@ def sequence_loglikelihoods(
     check_decoder(model)
     if any(not context or not continuation for context, continuation in pairs):
         raise ValueError("every context and continuation needs at least one token")
-    sequences = [[*context, *continuation] for context, continuation in pairs]
-    ids, mask = pad_ids(sequences, pad_token_id if pad_token_id is not None else 0)
     # position t predicts token t + 1: the continuation's tokens are predicted from len(context) - 1 on
     rows, positions, targets = [], [], []
     for index, (context, continuation) in enumerate(pairs):
@@ -73,11 +71,9 @@ def sequence_loglikelihoods(
         rows += [index] * len(continuation)
         positions += range(start, start + len(continuation))
         targets += continuation
-    batch = to_device({"input_ids": ids, "attention_mask": mask}, model)
-    hidden = base_hidden(model, batch)
-    device = hidden.device
-    picked = hidden[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
-    logprobs = F.log_softmax(task_logits(model, picked[None])[0].float(), dim=-1)
+    sequences = [[*context, *continuation] for context, continuation in pairs]
+    logprobs = _logprobs_at(model, pad_token_id, sequences, rows, positions)
+    device = logprobs.device
     token_scores = logprobs.gather(1, torch.tensor(targets, device=device)[:, None])[:, 0]
     sums = torch.zeros(len(pairs), dtype=torch.float64, device=device)
     sums.index_add_(0, torch.tensor(rows, device=device), token_scores.double())
@@ -91,10 +87,18 @@ def next_token_logprobs(model: PreTrainedModel, pad_token_id: int | None,
     check_decoder(model)
     if any(not context for context in contexts):
         raise ValueError("every context needs at least one token")
-    ids, mask = pad_ids([list(context) for context in contexts], pad_token_id if pad_token_id is not None else 0)
+    return _logprobs_at(model, pad_token_id, [list(context) for context in contexts], list(range(len(contexts))),
+                        [len(context) - 1 for context in contexts])
+
+
+def _logprobs_at(model: PreTrainedModel, pad_token_id: int | None, sequences: list[list[int]], rows: list[int],
+                 positions: list[int]) -> torch.Tensor:
+    """Next-token log-probabilities (float32) at each (row, position) of ``sequences`` right-padded into one
+    batch; the vocabulary head runs at those positions only."""
+    ids, mask = pad_ids(sequences, pad_token_id if pad_token_id is not None else 0)
     hidden = base_hidden(model, to_device({"input_ids": ids, "attention_mask": mask}, model))
-    last = torch.tensor([len(context) - 1 for context in contexts], device=hidden.device)
-    picked = hidden[torch.arange(len(contexts), device=hidden.device), last]
+    device = hidden.device
+    picked = hidden[torch.tensor(rows, device=device), torch.tensor(positions, device=device)]
     return F.log_softmax(task_logits(model, picked[None])[0].float(), dim=-1)
 
 
@@ -241,12 +245,14 @@ class MultipleChoiceTask(Task):
         del batch
         pad = self.bound_tokenizer.pad_token_id
         scores: list[list[float]] = [[] for _ in rows]
-        short = [i for i, row in enumerate(rows) if all(len(ids) == 1 for ids in row["option_ids"])]
+        short: list[int] = []
+        long: list[int] = []
+        for i, row in enumerate(rows):
+            (short if all(len(ids) == 1 for ids in row["option_ids"]) else long).append(i)
         if short:
             prompts = [rows[i]["input_ids"][: rows[i]["prompt_length"]] for i in short]
             for i, logprobs in zip(short, next_token_logprobs(model, pad, prompts), strict=True):
                 scores[i] = logprobs[[ids[0] for ids in rows[i]["option_ids"]]].double().tolist()
-        long = [i for i in range(len(rows)) if i not in set(short)]
         pairs = [(rows[i]["input_ids"][: rows[i]["prompt_length"]], ids) for i in long for ids in rows[i]["option_ids"]]
         flat = sequence_loglikelihoods(model, pad, pairs) if pairs else []
         start = 0

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from fedlm.federation.params import NamedTensors, RunningMean
+from fedlm.federation.params import NamedTensors, RunningMean, squared_distance
 from fedlm.federation.strategies.base import ClientUpdate
 from fedlm.federation.strategies.held import HeldUpdates
 
@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 def update_norm(current: NamedTensors, params: NamedTensors) -> float:
     """The L2 norm of a client's change, over the tensors it sent: ||w_k - w||."""
-    total = sum(float((params[n].double() - current[n].double()).pow(2).sum()) for n in params if n in current)
-    return math.sqrt(total)
+    return math.sqrt(sum(squared_distance(params[n], current[n]) for n in params if n in current))
 
 
 def bounded(current: NamedTensors, params: NamedTensors, bound: float) -> tuple[NamedTensors, float]:
