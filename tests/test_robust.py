@@ -154,17 +154,18 @@ def test_rules_that_cannot_work_are_refused_in_one_line(tmp_path, tiny_csv):
 
 
 def test_the_screens_change_norm_is_the_exact_distance_chunk_by_chunk():
-    """``update_norms`` come from the screen, norm bounding's norms from the same distance: chunked, it equals
-    torch's over a tensor that spans several chunks (and a partial last one), a small one, and a non-contiguous
-    one."""
+    """``update_norms`` come from the screen (fp32 differences), norm bounding's norms from the same distance in
+    float64: chunked, it equals torch's over a tensor that spans several chunks (and a partial last one), a small
+    one, and a non-contiguous one."""
     gen = torch.Generator().manual_seed(0)
     big = torch.randn(RunningMean.CHUNK * 2 + 77, generator=gen)
     current = {"big": big, "small": torch.randn(5, 3, generator=gen), "t": torch.randn(40, 30, generator=gen).t()}
     params = {n: t + 0.01 * torch.randn(t.shape, generator=gen) for n, t in current.items()}
     for name in current:
-        assert squared_distance(params[name], current[name]) == pytest.approx(
-            float(torch.dist(params[name].double(), current[name].double())) ** 2, rel=1e-5)
+        exact = float(torch.dist(params[name].double(), current[name].double())) ** 2
+        assert squared_distance(params[name], current[name]) == pytest.approx(exact, rel=1e-5)
+        assert squared_distance(params[name], current[name], torch.float64) == pytest.approx(exact, rel=1e-12)
     growth = UpdateScreen.of(current, None).growth(params)
     expected = sum(float(torch.dist(params[n].double(), current[n].double())) ** 2 for n in current) ** 0.5
     assert growth is not None and growth.change == pytest.approx(expected, rel=1e-5)
-    assert update_norm(current, params) == growth.change
+    assert update_norm(current, params) == pytest.approx(expected, rel=1e-12)  # norm bounding's, in float64

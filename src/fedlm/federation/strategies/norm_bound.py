@@ -6,6 +6,8 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from fedlm.federation.params import NamedTensors, RunningMean, squared_distance
 from fedlm.federation.strategies.base import ClientUpdate
 from fedlm.federation.strategies.held import HeldUpdates
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
 
 def update_norm(current: NamedTensors, params: NamedTensors) -> float:
     """The L2 norm of a client's change, over the tensors it sent: ||w_k - w||."""
-    return math.sqrt(sum(squared_distance(params[n], current[n]) for n in params if n in current))
+    return math.sqrt(sum(squared_distance(params[n], current[n], torch.float64) for n in params if n in current))
 
 
 def bounded(current: NamedTensors, params: NamedTensors, bound: float) -> tuple[NamedTensors, float]:
