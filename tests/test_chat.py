@@ -255,10 +255,14 @@ def _config(tmp_path: Path, source: Path, **extra) -> dict:
 
 def test_chat_runs_under_fedavg_and_decodes_at_evaluation(tmp_path):
     source = _write_jsonl(tmp_path / "d.jsonl", CHATS)
-    run_single(validate(_config(tmp_path, source)), tmp_path, tmp_path / "fedavg")
+    raw = _config(tmp_path, source)
+    raw["eval"]["metrics"] = ["loss", "exact_match", "f1"]
+    run_single(validate(raw), tmp_path, tmp_path / "fedavg")
     records = read_metrics(tmp_path / "fedavg")
     assert [r["round"] for r in records] == [0, 1, 2]
     assert records[-1]["test_loss"] < records[0]["test_loss"] and 0.0 <= records[-1]["test_rougeL"] <= 1.0
+    assert 0.0 <= records[-1]["test_exact_match"] <= records[-1]["test_f1"] <= 1.0
+    assert "test_rouge1" not in records[-1]  # what eval.metrics leaves out is not reported
 
 
 def test_chat_runs_by_split_learning(tmp_path):

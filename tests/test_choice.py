@@ -206,7 +206,7 @@ def test_build_task_passes_label_names_and_metrics(tmp_path):
 
     task = build_task(config("multiple_choice"), "multiple_choice", ["yes", "no", "maybe"])
     assert task.options == ["yes", "no", "maybe"] and task.metric_names == ("acc", "acc_norm")
-    with pytest.raises(UserError, match=r"eval\.metrics selects multiple_choice metrics, but the task is class"):
+    with pytest.raises(UserError, match=r"eval\.metrics selects multiple_choice, seq2seq and chat .* task is class"):
         build_task(config("classification"), "classification", ["yes", "no", "maybe"])
 
 

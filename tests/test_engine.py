@@ -163,6 +163,20 @@ def test_run_directory_and_resume_gives_the_same_final_model(tmp_path, tiny_csv)
     assert json.loads((cut_dir / "data.json").read_text())["task"] == "classification"
 
 
+def test_eval_start_off_skips_round_zero_and_nothing_else(tmp_path, tiny_csv):
+    raw = tiny_config(tmp_path, tiny_csv)
+    raw["eval"] |= {"start": False, "local": False}
+    run_single(validate(raw), tiny_csv, tmp_path / "no-start")
+    assert [r["round"] for r in read_metrics(tmp_path / "no-start")] == [1, 2]
+    raw["eval"]["start"] = True
+    run_single(validate(raw), tiny_csv, tmp_path / "start")
+    with_start = read_metrics(tmp_path / "start")
+    assert [r["round"] for r in with_start] == [0, 1, 2]
+    assert read_metrics(tmp_path / "no-start")[-1]["test_accuracy"] == with_start[-1]["test_accuracy"]
+    with pytest.raises(UserError, match=r"eval\.start: false with protocol\.rounds: 0"):
+        validate(tiny_config(tmp_path, tiny_csv, rounds=0) | {"eval": {"start": False}})
+
+
 def test_isolated_reports_mean_and_spread_over_clients(tmp_path, tiny_csv):
     cfg = validate(tiny_config(tmp_path, tiny_csv, kind="isolated", rounds=1))
     run_single(cfg, tiny_csv, tmp_path / "iso")

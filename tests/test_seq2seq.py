@@ -83,6 +83,20 @@ def test_rouge_matches_hand_computed_scores_with_stemming():
     assert metrics.rouge(["a b"], ["c d"]) == {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
 
 
+def test_eval_metrics_add_exact_match_f1_and_perplexity_to_generation():
+    task = Seq2SeqTask(metrics=["exact_match", "f1", "perplexity"])
+    assert task.metric_names == ("perplexity", "rougeL", "exact_match", "f1")  # the headline stays
+    parts = [{"loss_sum": 4.0, "count": 2, "predictions": ["Yes.", "no"], "references": ["yes", "maybe"]},
+             {"loss_sum": 2.0, "count": 1, "predictions": ["a blue car"], "references": ["the red car"]}]
+    scores = task._summarize(parts)
+    # SQuAD normalisation: "Yes." = "yes"; "blue car" vs "red car": one word in common, precision = recall = 1/2
+    assert scores["exact_match"] == pytest.approx(1 / 3) and scores["f1"] == pytest.approx((1 + 0 + 0.5) / 3)
+    assert scores["perplexity"] == pytest.approx(torch.tensor(2.0).exp().item())  # mean token loss 6 / 3
+    assert set(scores) == set(task.metric_names)
+    with pytest.raises(UserError, match="unknown seq2seq metric 'acc'; choose from loss, perplexity, rouge1"):
+        Seq2SeqTask(metrics=["acc"])
+
+
 # ------------------------------------------------------------------------------------------ rows and loss
 
 

@@ -104,6 +104,9 @@ class ExperimentConfig(Section):
                 raise ValueError("adapter.kind prefix with a projection does not run through a split model (one MLP "
                                  "makes every block's prefix, so it belongs to neither side); use adapter.kind "
                                  "p_tuning_v2 (per-block prefixes) or set adapter.projection: false")
+        if not self.eval.start and self.protocol.rounds == 0:
+            raise ValueError("eval.start: false with protocol.rounds: 0 leaves the run nothing to score; set "
+                             "eval.start: true (round 0 is the whole run) or train some rounds")
         sampled = self.protocol.clients_per_round
         if sampled is not None and self.protocol.traits.samples_clients and (
                 sampled > self.partition.num_clients):

@@ -281,6 +281,9 @@ class GenerationConfig(Section):
 
 class EvalConfig(Section):
     every: int = Field(1, ge=1, description="evaluate every k rounds (and always after the last)")
+    start: bool = Field(True, description="score the starting model as round 0; off where another run of the "
+                                          "grid scores the same start on the same test items (an LLM's "
+                                          "evaluation can cost as much as its training)")
     local: bool = True
     batch_size: int = Field(64, ge=1)
     target: float | None = Field(None, description="report the bytes needed to first reach this headline score")
@@ -288,8 +291,9 @@ class EvalConfig(Section):
         "test", description="score runs by the shared test split, or by the clients' means on their local splits")
     max_answer_length: int = Field(30, ge=1, description="qa: the longest answer span predicted, in tokens")
     metrics: list[str] | None = Field(
-        None, description="multiple_choice: the metrics reported, of acc, acc_norm, loss, perplexity (default all; "
-                          "the headline acc always)")
+        None, description="the metrics reported (the headline always): multiple_choice of acc, acc_norm, loss, "
+                          "perplexity (default all); seq2seq and chat of loss, perplexity, rouge1, rouge2, rougeL, "
+                          "exact_match, f1 (default loss and ROUGE)")
     equivalence_band: float | None = Field(
         None, gt=0, description="a grid's equivalence margin in the headline metric's units (accuracy 0.01 = one "
                                 "point), fixed before the runs: comparison.md then calls two settings equivalent "

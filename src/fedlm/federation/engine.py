@@ -52,6 +52,7 @@ class RoundPlan:
     seed: int = 0
     count_bytes: bool = True
     eval_every: int = 1
+    eval_start: bool = True  # eval.start: round 0 scores the starting point (off: no round-0 record)
     checkpoint_every: int = 1
     lr_schedule: str = "constant"  # train.lr_schedule: the clients' lr per round (local_training.round_lr)
     max_update_growth: float | None = 1000.0  # protocol.max_update_growth: the screen's limit (screening.py)
@@ -136,7 +137,7 @@ class RoundEngine:
     _last_growth: tuple[int, dict[int, Growth]] = field(default=(0, {}), init=False, repr=False)  # to name a poisoner
 
     def run(self, global_params: NamedTensors, start_round: int = 1) -> NamedTensors:
-        if start_round == 1:
+        if start_round == 1 and self.plan.eval_start:
             self.evaluate_start(global_params)
         for round_idx in range(start_round, self.plan.rounds + 1):
             global_params = self.run_round(round_idx, global_params)

@@ -63,9 +63,9 @@ def build_task(config: ExperimentConfig, task_name: str, label_names: list[str] 
     (``encoder_decoder``: the model has an encoder and a decoder, else seq2seq prompts a decoder-only LM).
     Evaluation autocasts as training does: the task takes ``train.precision``."""
     precision = config.train.precision
-    if config.eval.metrics is not None and task_name != "multiple_choice":
-        raise UserError(f"eval.metrics selects multiple_choice metrics, but the task is {task_name}: remove "
-                        "eval.metrics")
+    if config.eval.metrics is not None and task_name not in ("multiple_choice", "seq2seq"):
+        raise UserError(f"eval.metrics selects multiple_choice, seq2seq and chat metrics, but the task is "
+                        f"{task_name}: remove eval.metrics")
     if task_name == "seq2seq":
         if encoder_decoder and config.split is not None:
             raise UserError(f"split learning cuts one stack of blocks, and this {config.model.family} model is an "
@@ -76,9 +76,9 @@ def build_task(config: ExperimentConfig, task_name: str, label_names: list[str] 
                 raise UserError(f"task chat fine-tunes a decoder-only LM, and {config.model.family} is an "
                                 "encoder-decoder; use a decoder-only family (gpt2, llama, gemma3_text ...)")
             return get_task("chat", template=config.data.chat_template, num_beams=gen.num_beams,
-                            max_new_tokens=gen.max_new_tokens, precision=precision)
+                            max_new_tokens=gen.max_new_tokens, metrics=config.eval.metrics, precision=precision)
         return get_task(task_name, encoder_decoder=encoder_decoder, num_beams=gen.num_beams,
-                        max_new_tokens=gen.max_new_tokens, precision=precision)
+                        max_new_tokens=gen.max_new_tokens, metrics=config.eval.metrics, precision=precision)
     if config.generation != GenerationConfig():
         raise UserError(f"generation is for seq2seq, but the task is {task_name}: remove the generation section")
     if task_name == "mlm":

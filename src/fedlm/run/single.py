@@ -208,7 +208,8 @@ def round_plan(config: ExperimentConfig, n_clients: int) -> RoundPlan:
                      timeout_s=protocol.client_timeout_s, max_update_growth=protocol.max_update_growth,
                      seed=config.seed,
                      count_bytes=protocol.traits.counts_bytes,
-                     eval_every=config.eval.every, checkpoint_every=config.checkpoint_every,
+                     eval_every=config.eval.every, eval_start=config.eval.start,
+                     checkpoint_every=config.checkpoint_every,
                      lr_schedule=config.train.lr_schedule)
 
 

@@ -18,12 +18,22 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fedlm import metrics
+from fedlm.errors import UserError
 from fedlm.models.device import autocast, model_device
 from fedlm.models.heads import task_logits
 
 Batch = dict[str, torch.Tensor]
 Rows = datasets.Dataset | Sequence[dict]  # preprocessed examples, as a Dataset or its ``to_list()``
 IGNORE_INDEX = -100  # label value that HF losses and ours skip
+
+
+def chosen_metrics(task: str, offered: Sequence[str], requested: Sequence[str], headline: str) -> tuple[str, ...]:
+    """``eval.metrics`` resolved against what ``task`` can report (in ``offered``'s order), the headline always
+    kept (model selection reads it); an unknown name is refused in one line listing the choices."""
+    unknown = [name for name in requested if name not in offered]
+    if unknown:
+        raise UserError(f"eval.metrics: unknown {task} metric {unknown[0]!r}; choose from {', '.join(offered)}")
+    return tuple(name for name in offered if name in requested or name == headline)
 
 
 class Task(ABC):

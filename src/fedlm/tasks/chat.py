@@ -15,7 +15,7 @@ Templates: the tokenizer's own ``chat_template`` when it has one (``data.chat_te
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import datasets
 import torch
@@ -127,10 +127,11 @@ class ChatTask(Seq2SeqTask):
         num_beams: int = 1,
         max_new_tokens: int = 64,
         *,
+        metrics: Sequence[str] | None = None,
         precision: str = "fp32",
     ) -> None:
         super().__init__(tokenizer, encoder_decoder=False, num_beams=num_beams, max_new_tokens=max_new_tokens,
-                         precision=precision)
+                         metrics=metrics, precision=precision)
         self.template = template
 
     def preprocess(self, ds: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int) -> datasets.Dataset:

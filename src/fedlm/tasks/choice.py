@@ -33,6 +33,7 @@ from fedlm.tasks.base import (
     Batch,
     Task,
     base_hidden,
+    chosen_metrics,
     map_batches,
     next_token_logits,
     pad_ids,
@@ -139,12 +140,7 @@ class MultipleChoiceTask(Task):
         super().__init__(tokenizer, precision=precision)
         self.options = list(options) if options else None  # every item's options, unless a row has its own
         if metrics is not None:
-            unknown = [name for name in metrics if name not in CHOICE_METRICS]
-            if unknown:
-                raise UserError(f"eval.metrics: unknown multiple_choice metric {unknown[0]!r}; choose from "
-                                f"{', '.join(CHOICE_METRICS)}")
-            headline = self.target_metric()[0]  # always reported: model selection reads it
-            self.metric_names = tuple(name for name in CHOICE_METRICS if name in metrics or name == headline)
+            self.metric_names = chosen_metrics(self.name, CHOICE_METRICS, metrics, self.target_metric()[0])
 
     # ------------------------------------------------------------------------------------------- rows
 

@@ -11,13 +11,15 @@ Two model kinds train on the same rows and report the same metrics:
 
 The loss is the mean token cross-entropy over target tokens (units = target tokens, like causal LM), and
 evaluation decodes every example (greedy or beam search, batched, ``max_new_tokens`` at most) and scores
-ROUGE-1/2/L F-measure with stemming; ROUGE-L is the headline.
+ROUGE-1/2/L F-measure with stemming (ROUGE-L is the headline); ``eval.metrics`` adds SQuAD's exact match and
+token F1 of each decoded text against its reference (short answers: a label, a number, an entity) and the
+perplexity of the references, or leaves ROUGE-1/2 out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import datasets
@@ -32,6 +34,7 @@ from fedlm.tasks.base import (
     Batch,
     Task,
     base_hidden,
+    chosen_metrics,
     map_batches,
     next_token_logits,
     pad_ids,
@@ -46,7 +49,8 @@ class Seq2SeqTask(Task):
     """Source -> target text for an encoder-decoder or a decoder-only (prompted) language model."""
 
     name = "seq2seq"
-    metric_names = ("loss", "rouge1", "rouge2", "rougeL")
+    metric_names = ("loss", "rouge1", "rouge2", "rougeL")  # the default; eval.metrics chooses from OFFERED
+    OFFERED: ClassVar[tuple[str, ...]] = ("loss", "perplexity", "rouge1", "rouge2", "rougeL", "exact_match", "f1")
     target_column: ClassVar[str] = "target"
     row_wise = True
 
@@ -57,9 +61,12 @@ class Seq2SeqTask(Task):
         num_beams: int = 1,
         max_new_tokens: int = 64,
         *,
+        metrics: Sequence[str] | None = None,
         precision: str = "fp32",
     ) -> None:
         super().__init__(tokenizer, precision=precision)
+        if metrics is not None:
+            self.metric_names = chosen_metrics(self.name, self.OFFERED, metrics, self.target_metric()[0])
         self.encoder_decoder = encoder_decoder
         self.decoding = Decoding(num_beams=num_beams, max_new_tokens=max_new_tokens)
         self.stop_ids: tuple[int, ...] = ()  # tokens besides eos that end a generated answer (chat: end of turn)
@@ -185,7 +192,17 @@ class Seq2SeqTask(Task):
         predictions = [text for part in parts for text in part["predictions"]]
         references = [text for part in parts for text in part["references"]]
         loss = sum(part["loss_sum"] for part in parts) / count if count else math.nan
-        return {"loss": loss, **metrics.rouge(predictions, references)}
+        scores = {"loss": loss, "perplexity": metrics.perplexity(loss) if count else math.nan,
+                  **metrics.rouge(predictions, references)}  # ROUGE-L, the headline, is always reported
+        if "exact_match" in self.metric_names or "f1" in self.metric_names:
+            scores["exact_match"] = _mean([metrics.squad_exact(p, [r]) for p, r in zip(predictions, references,
+                                                                                         strict=True)])
+            scores["f1"] = _mean([metrics.squad_f1(p, [r]) for p, r in zip(predictions, references, strict=True)])
+        return {name: scores[name] for name in self.metric_names}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:

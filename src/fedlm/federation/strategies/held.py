@@ -8,7 +8,7 @@ from the same updates in the same (client id) order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,16 +43,16 @@ class HeldUpdates:
         """The updates in client id order, whatever order they arrived in (the result must not depend on it)."""
         return sorted(self.updates, key=lambda u: u.client_id)
 
-    def stacked(self, name: str) -> torch.Tensor | None:
-        """Tensor ``name`` of every update that sent it, stacked along a new first axis (float64); None if none."""
-        values = [u.params[name].double() for u in self.ordered() if name in u.params]
-        return torch.stack(values) if values else None
+    def stacks(self) -> Iterator[tuple[str, torch.Tensor, list[ClientUpdate], torch.Tensor | None]]:
+        """For each current tensor: its name, its current value, the updates that sent it (client id order) and
+        their values stacked along a new first axis (float64; None if nobody sent it)."""
+        ordered = self.ordered()
+        for name, value in self.current.items():
+            senders = [u for u in ordered if name in u.params]
+            yield name, value, senders, torch.stack([u.params[name].double() for u in senders]) if senders else None
 
     def per_tensor(self, combine: Callable[[torch.Tensor], torch.Tensor]) -> NamedTensors:
         """``combine(stack)`` for each tensor some client sent, in the tensor's dtype; the others keep their current
         value."""
-        out: NamedTensors = {}
-        for name, value in self.current.items():
-            stack = self.stacked(name)
-            out[name] = value if stack is None else combine(stack).to(value.dtype)
-        return out
+        return {name: value if stack is None else combine(stack).to(value.dtype)
+                for name, value, _, stack in self.stacks()}

@@ -37,6 +37,7 @@ class Krum(HeldUpdates):
     def __init__(self, current: NamedTensors, f: int, m: int) -> None:
         super().__init__(current)
         self.f, self.m = f, m
+        self._kept: list[ClientUpdate] | None = None  # chosen once a round, when result or audit first asks
 
     def distances(self) -> torch.Tensor:
         """Squared distances between every two updates (client id order), in float64."""
@@ -65,7 +66,7 @@ class Krum(HeldUpdates):
     def kept(self) -> list[ClientUpdate]:
         """The ``m`` updates with the lowest scores (a stable sort: ties keep client id order), scored once a round
         (``result`` and ``audit`` both ask)."""
-        if getattr(self, "_kept", None) is None:
+        if self._kept is None:
             scores, updates = self.scores(), self.ordered()
             chosen = sorted(range(len(updates)), key=lambda i: scores[i])[: self.m]
             self._kept = [updates[i] for i in sorted(chosen)]

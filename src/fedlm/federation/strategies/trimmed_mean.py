@@ -30,16 +30,16 @@ class TrimmedMean(HeldUpdates):
     def __init__(self, current: NamedTensors, beta: float) -> None:
         super().__init__(current)
         self.beta = beta
+        self.cut: dict[int, list[int]] | None = None  # client -> [its values cut, its values sent], for the audit
 
     def result(self) -> NamedTensors:
-        self.cut: dict[int, list[int]] = {}  # client -> [its values cut, its values sent], for the audit
+        self.cut = {}
         out: NamedTensors = {}
-        for name, value in self.current.items():
-            senders = [u for u in self.ordered() if name in u.params]
-            if not senders:
+        for name, value, senders, stack in self.stacks():
+            if stack is None:
                 out[name] = value
                 continue
-            mean, cut = trimmed_mean(torch.stack([u.params[name].double() for u in senders]), self.beta)
+            mean, cut = trimmed_mean(stack, self.beta)
             out[name] = mean.to(value.dtype)
             for update, count in zip(senders, cut.tolist(), strict=True):
                 tally = self.cut.setdefault(update.client_id, [0, 0])
@@ -50,9 +50,9 @@ class TrimmedMean(HeldUpdates):
     def audit(self) -> dict[str, Any]:
         """Each client's share of its values cut: coordinate-wise nobody is dropped whole, but an outlier's
         values are cut far more often than the 2 * beta an honest client's are on average."""
-        if not hasattr(self, "cut"):
+        if self.cut is None:
             self.result()
-        return {"trimmed_share": {str(c): cut / sent for c, (cut, sent) in sorted(self.cut.items())}}
+        return {"trimmed_share": {str(c): cut / sent for c, (cut, sent) in sorted((self.cut or {}).items())}}
 
 
 def trimmed_mean(stack: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
