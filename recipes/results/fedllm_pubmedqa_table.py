@@ -180,14 +180,19 @@ def plot(scores: Scores, path: Path) -> None:
 
     rows = scores.rows()
     fig, ax = plt.subplots(figsize=(8, 3.6))
+    colours = {seed: f"C{i}" for i, seed in enumerate(sorted({s for row in rows for s in scores.acc[row]}))}
     for y, row in enumerate(rows):
-        values = [scores.acc[row][s] for s in sorted(scores.acc[row])]
-        ax.scatter(values, [y] * len(values), color="tab:blue", zorder=3)
+        seeds = sorted(scores.acc[row])
+        values = [scores.acc[row][s] for s in seeds]
+        ax.scatter(values, [y] * len(values), color=[colours[s] for s in seeds], zorder=3)
         ax.plot([statistics.fmean(values)] * 2, [y - 0.3, y + 0.3], color="black")
+    for seed, colour in colours.items():
+        ax.scatter([], [], color=colour, label=f"seed {seed}")
     if MAJORITY in scores.acc:
         ax.axvline(statistics.fmean(scores.acc[MAJORITY].values()), color="grey", linestyle=":", label="majority")
     ax.set_yticks(range(len(rows)), rows)
-    ax.set_xlabel("PubMedQA test accuracy (150 items a seed; dots = seeds, bar = mean)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("PubMedQA test accuracy (150 items a seed, the same items for every row of a seed; bar = mean)")
     ax.set_title("Gemma 3 270M + LoRA, PubMedQA, 4 clients")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
