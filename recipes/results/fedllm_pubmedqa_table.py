@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from fedlm.data.sources import load_source, resolve_data_dir
+from fedlm.metrics import mean_interval
 from fedlm.run.seeds import equivalence, paired_difference
 
 SETTINGS = ("centralized", "fedavg iid", "fedavg skew", "fedprox skew", "fedavg iid fp32")
@@ -121,11 +122,11 @@ def difference_table(scores: Scores) -> str:
 
 def above(diffs: list[float]) -> str:
     """'holds' when the interval lies above 0, 'does not hold' when below, else 'within noise'."""
-    text = paired_difference(diffs, words=("higher", "lower"))
-    if not diffs or "(1 seed)" in text:
+    if len(diffs) < 2:
         return f"not measurable ({len(diffs)} paired seeds)"
-    return ("holds" if text.split("] ")[1].startswith("higher") else "does not hold"
-            if text.split("] ")[1].startswith("lower") else "within noise") + f": {text}"
+    mean, _, half = mean_interval(diffs)
+    word = "holds" if mean - half > 0 else "does not hold" if mean + half < 0 else "within noise"
+    return f"{word}: {paired_difference(diffs, words=('higher', 'lower'))}"
 
 
 def equivalent(diffs: list[float], band: float) -> str:
