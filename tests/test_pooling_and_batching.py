@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from fedlm.config import AdapterConfig
 from fedlm.errors import UserError
 from fedlm.federation.local_training import LocalSettings, batch_order
+from fedlm.models.adapters import apply_adapter
 from fedlm.models.build import build_model, build_tokenizer
+from fedlm.models.cut import Cut, SplitModel
 from fedlm.models.heads import task_logits
 from fedlm.tasks import get_task
 
@@ -111,6 +114,16 @@ def test_mean_pooling_ignores_padding_and_matches_the_split_path(bert_tokenizer)
     first = _classifier(bert_tokenizer, "first")
     with torch.no_grad():
         assert not torch.allclose(task._outputs(first, batch), logits)
+
+
+@pytest.mark.parametrize("adapter", [None, "p_tuning_v2"])
+def test_a_mean_pooled_classifier_splits_exactly(bert_tokenizer, adapter) -> None:
+    """The split safety net compares the top's head against the mean-pooled logits the task trains on, not the
+    family's first-token forward (which refused every split of the pretrained MiniLM, pooled by the mean)."""
+    model = _classifier(bert_tokenizer, "mean")
+    if adapter:
+        model = apply_adapter(AdapterConfig(kind=adapter, prefix_length=3), model, "classification", seed=0).model
+    SplitModel(model.eval(), Cut(bottom_blocks=1, top_blocks=0)).check_exact()
 
 
 def test_auto_pooling_follows_a_sentence_transformers_checkpoint(bert_tokenizer, tmp_path) -> None:

@@ -61,7 +61,7 @@ from transformers.masking_utils import (
 )
 
 from fedlm.errors import UserError
-from fedlm.models.heads import find_head
+from fedlm.models.heads import find_head, pools_outside_forward, task_logits
 from fedlm.models.introspect import FULL, SLIDING, Layout, cache_argument, find_layout, self_attributes
 
 __all__ = ["Activations", "ClientBottom", "ClientTop", "Cut", "ServerTrunk", "SplitModel"]
@@ -359,7 +359,7 @@ class SplitModel:
                     want = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
                     real = mask.bool()
                     self._compare("forward", hidden[real], want[real], where, atol)
-                    expected = self._model_logits(ids, mask)
+                    expected = self._model_logits(ids, mask, want)
                     if expected is not None:
                         logits = self._run_split(self.top.logits, hidden, ids)
                         pick = real if expected.dim() == 3 else slice(None)
@@ -380,11 +380,14 @@ class SplitModel:
             raise UserError(f"cannot split a {self.model.config.model_type} model: it fails when run by split "
                             f"parts ({reason}); {_INSTEAD}") from exc
 
-    def _model_logits(self, ids: Tensor, mask: Tensor) -> Tensor | None:
-        """The task model's own logits on the probe; None where the top has no head or the model cannot run it
-        (a decoder classifier without a pad token): nothing to compare."""
+    def _model_logits(self, ids: Tensor, mask: Tensor, hidden: Tensor) -> Tensor | None:
+        """The task model's own logits on the probe (from its unsplit last ``hidden`` state where fedlm's head
+        mean-pools and the family's forward would not); None where the top has no head or the model
+        cannot run it (a decoder classifier without a pad token): nothing to compare."""
         if self.top._head_fn is None:
             return None
+        if pools_outside_forward(self.model):
+            return task_logits(self.model, hidden, ids)
         try:
             logits = getattr(self.model(input_ids=ids, attention_mask=mask, **self.bottom._no_cache), "logits", None)
         except Exception:  # the unsplit model's own limits (no pad token, ...) are not the split's to judge

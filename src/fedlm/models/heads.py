@@ -197,6 +197,16 @@ def task_logits(model: PreTrainedModel, hidden: Tensor, input_ids: Tensor | None
     return head_fn(model)(head_modules(model), hidden, input_ids, model.config)
 
 
+def pools_outside_forward(model: PreTrainedModel) -> bool:
+    """True where the classifier mean-pools in fedlm's head while the family's own forward would read the first
+    token (BERT, DistilBERT with ``model.pooling: mean``): its logits must come from ``task_logits``, not from
+    ``model(...)``. ModernBERT pools by its own config in its own forward."""
+    if getattr(model.config, "classifier_pooling", "first") != "mean":
+        return False
+    modules = head_modules(model)
+    return not ("head" in modules and "drop" in modules)
+
+
 def mlm_head(model: PreTrainedModel) -> Callable[[Tensor], Tensor]:
     """The model's hidden-state -> vocabulary-logits MLM head, as one function of (rows x hidden)."""
     if not type(model).__name__.endswith("ForMaskedLM"):
