@@ -24,12 +24,14 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from fedlm.config import validate
 from fedlm.data.sources import resolve_data_dir
+from fedlm.federation.client_round import fit_client
 from fedlm.federation.codecs import get_codec
 from fedlm.federation.engine import RoundEngine, RoundPlan
 from fedlm.federation.local_training import LocalSettings, batch_order, clip_and_step, local_seed, make_optimizer
@@ -80,7 +82,8 @@ class SideBySide:
         self.prep, self.settings = prep, settings
         self.start: NamedTensors = snapshot(prep.model, trainable_names(prep.model))
         codec = get_codec("fp32")
-        executor = InProcessExecutor(prep.model, prep.task, self.client_rows, codec, ClientStore({}), [])
+        executor = InProcessExecutor(prep.model, prep.task, self.client_rows, codec, ClientStore({}), [],
+                                     fit_fn=partial(fit_client, borrow=True))  # as fedlm run's simulator
         self.engine = RoundEngine(FedAvg(), executor, codec, list(self.client_rows), settings,
                                   RoundPlan(rounds=1, clients_per_round=clients, seed=SEED))
 

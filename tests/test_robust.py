@@ -3,6 +3,8 @@ as FedOpt's inner rule; wired from the config; and refused where they cannot wor
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -118,7 +120,8 @@ def test_a_run_with_a_robust_rule_commits_that_rules_aggregate(tmp_path, tiny_cs
                 if isinstance(result, ClientReport):
                     if result.update.client_id == 3:
                         result.update.params = {n: t * 50 for n, t in result.update.params.items()}
-                    seen.append(result.update)
+                    seen.append(dataclasses.replace(result.update, params={  # shares the model's storage
+                        n: t.clone() for n, t in result.update.params.items()}))
                 yield result
 
     run_dir = tmp_path / "run"

@@ -21,10 +21,13 @@ from fedlm.cli import Terminated, main
 from fedlm.cli.workers import LAUNCHED_ENV, choose_backend
 from fedlm.config import validate
 from fedlm.errors import UserError
-from fedlm.federation.collective import LOCAL
-from fedlm.federation.executor import ClientJob
+from fedlm.federation.collective import LOCAL, Collective
+from fedlm.federation.executor import ClientFailure, ClientJob
 from fedlm.federation.local_training import LocalSettings
-from fedlm.federation.sharded import assign, client_cost
+from fedlm.federation.observer import RoundObserver
+from fedlm.federation.sharded import ShardedExecutor, assign, client_cost
+from fedlm.federation.simulation import InProcessExecutor
+from fedlm.federation.store import ClientStore
 from fedlm.run.grid import run_config
 from fedlm.run.placement import Sharded
 from tests.conftest import tiny_config
@@ -190,3 +193,33 @@ def test_jobs_are_balanced_by_cost_and_bad_worker_counts_are_refused(tmp_path, t
     with pytest.raises(UserError, match="split learning runs in one process"):
         run_config(validate(raw), tiny_csv, placement=Sharded(LOCAL))
 
+
+
+def test_the_leading_process_counts_every_client_of_the_round_as_done():
+    """Rank 0 draws the run's progress: the clients the other process trained count as done once its own share is
+    (else its step bar stopped at its own share of the round)."""
+
+    class RankZeroOfTwo(Collective):
+        world = 2
+
+    class Done(RoundObserver):
+        def __init__(self) -> None:
+            self.done: list[int] = []
+
+        def client_done(self, client_id: int) -> None:
+            self.done.append(client_id)
+
+    class Untrained(InProcessExecutor):  # this process's share, reported as failures instead of training
+        def run(self, jobs):
+            for job in jobs:
+                self.observer.client_done(job.client_id)
+                yield ClientFailure(job.client_id, "not trained here")
+
+    settings = LocalSettings(lr=0.1, batch_size=8)
+    rows = {cid: [{}] * n for cid, n in enumerate([40, 1, 24, 17, 8])}
+    observer = Done()
+    inner = Untrained(None, None, rows, None, ClientStore({}), [], observer=observer)  # type: ignore[arg-type]
+    jobs = [ClientJob(cid, 1, None, settings, 0) for cid in rows]  # type: ignore[arg-type]
+    results = list(ShardedExecutor(inner, RankZeroOfTwo()).run(jobs))
+    assert [r.client_id for r in results] == [0, 1, 4]  # its share (test above: owners 0, 0, 1, 1, 0)
+    assert observer.done == [0, 1, 4, 2, 3]

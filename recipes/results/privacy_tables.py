@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt
 KINDS = ("sample", "client")
 LONG = "split11-local-10rounds"  # cut (1, 1) after 10 rounds at the recipe's client lr, 1e-4
 HOTTER = {"3e-4": f"{LONG}-lr3e-4", "1e-3": f"{LONG}-lr1e-3"}  # the same at larger client learning rates
+PREFIXES = "split11-ptv2"  # cut (1, 1): public weights frozen, P-Tuning v2 prefixes trained at lr 2e-2
 
 
 def audits(roots: list[Path]) -> dict[str, list[dict]]:
@@ -88,7 +89,9 @@ def inversion_differences(results: dict[str, list[dict]]) -> str:
              *((f"split11-local-10rounds at lr {lr}, trained minus untrained", accuracy(label, "trained"),
                 accuracy(label, "untrained")) for lr, label in HOTTER.items()),
              *((f"lr {lr} minus lr 1e-4 (10 rounds each), trained", accuracy(label, "trained"),
-                accuracy(LONG, "trained")) for lr, label in HOTTER.items())]
+                accuracy(LONG, "trained")) for lr, label in HOTTER.items()),
+             ("split11-ptv2 (prefixes only, lr 2e-2), trained minus untrained", accuracy(PREFIXES, "trained"),
+              accuracy(PREFIXES, "untrained"))]
     lines = ["| token accuracy, same seed | difference [95% interval] |", "|---|---|"]
     for what, a, b in pairs:
         seeds = sorted(set(a) & set(b))

@@ -95,11 +95,13 @@ def stop_at_next_module(model: torch.nn.Module) -> None:
         module.register_forward_pre_hook(refuse)
 
 
-def finite_update(model: torch.nn.Module, names: Sequence[str], metrics: dict[str, float]) -> NamedTensors:
-    """Snapshot the parameters a client is about to send, refusing NaN/Inf in its loss or in them."""
+def finite_update(model: torch.nn.Module, names: Sequence[str], metrics: dict[str, float], *,
+                  borrow: bool = False) -> NamedTensors:
+    """Snapshot the parameters a client is about to send, refusing NaN/Inf in its loss or in them (``borrow``:
+    the model's own tensors, not copies; see :func:`fit_client`)."""
     if not math.isfinite(metrics["train_loss"]):
         raise NonFiniteUpdate(f"train loss is {metrics['train_loss']}")
-    shared = snapshot(model, list(names))
+    shared = snapshot(model, list(names), copy=not borrow)
     refuse_non_finite(shared)
     return shared
 
@@ -121,9 +123,12 @@ def refuse_non_finite(update: NamedTensors) -> None:
 def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: ClientJob, codec: Codec,
                local_state: NamedTensors | None, local_names: list[str], *,
                on_step: Callable[[], None] | None = None,
-               attack: Attack | None = None) -> tuple[ClientReport, NamedTensors]:
+               attack: Attack | None = None, borrow: bool = False) -> tuple[ClientReport, NamedTensors]:
     """Run one client's round; returns what it uploads and its new local state. ``on_step`` is called after
-    each local step (progress); ``attack``, if this client mounts it, changes what it uploads."""
+    each local step (progress); ``attack``, if this client mounts it, changes what it uploads. ``borrow``: a
+    lossless upload may be the model's own parameters rather than a copy, valid until the model trains again
+    (the simulator's, whose engine folds each report before the next client runs; whoever keeps an update
+    longer copies it, as the robust rules do)."""
     received = codec.decode(job.params)
     load_into(model, received)
     if local_state:
@@ -135,7 +140,7 @@ def fit_client(model: torch.nn.Module, task: Task, rows: Sequence[dict], job: Cl
     with frozen(model, job.frozen):
         metrics = train_locally(model, task, rows, job.settings, seed=job.seed, anchor=anchor, deadline=deadline,
                                 on_step=on_step)
-    shared = finite_update(model, trained, metrics)
+    shared = finite_update(model, trained, metrics, borrow=borrow)
     if attack is not None:
         shared = attack.corrupt(job.client_id, received, shared, job.seed)
     encoded = codec.encode(shared)

@@ -60,8 +60,10 @@ class Executor:
     """Runs a round's clients: in this process (simulation), on Flower nodes, or against a split trunk.
 
     ``run`` yields one result per job, in job order, as each becomes known, so the engine can fold it into the
-    aggregate without holding the round's updates. The round hooks are no-ops here: the clients are sent the
-    global parameters as they are, and the server trains nothing itself."""
+    aggregate without holding the round's updates. A report's tensors may be the executor's own model's (the
+    simulator does not copy an upload), valid until the next result is asked for: keep one longer, copy it.
+    The round hooks are no-ops here: the clients are sent the global parameters as they are, and the server
+    trains nothing itself."""
 
     def downlink(self, global_params: NamedTensors) -> NamedTensors:
         """What every client of the round is sent."""

@@ -56,6 +56,9 @@ class ShardedExecutor(Executor):
             if self.keeps_states and isinstance(result, ClientReport):
                 kept[result.update.client_id] = self.inner.store.get(result.update.client_id)
             yield result
+        for job, rank in zip(jobs, owner, strict=True):  # trained alongside, on balanced shares: done by now
+            if rank != self.collective.rank:
+                self.inner.observer.client_done(job.client_id)
         if self.keeps_states:
             self._share_states(kept)
 

@@ -81,7 +81,7 @@ class Simulation:
     def in_process(self, clients: RunClients) -> InProcessExecutor:
         """The FedAvg family's executor: the clients trained in this process, one after another."""
         prep = clients.prep
-        fit = fit_client if prep.attack is None else partial(fit_client, attack=prep.attack)
+        fit = partial(fit_client, attack=prep.attack, borrow=True)  # the engine folds each report at once
         return self.executor_class(prep.model, prep.task, prep.client_train, clients.codec, clients.store,
                                    clients.policy.local_names, fit_fn=fit, observer=clients.observer)
 

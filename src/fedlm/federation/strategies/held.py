@@ -8,6 +8,7 @@ from the same updates in the same (client id) order.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,8 @@ class HeldUpdates:
         self.updates: list[ClientUpdate] = []
 
     def add(self, update: ClientUpdate) -> None:
-        self.updates.append(update)
+        """Hold a copy: the simulator's reports share the model's storage until its next client trains."""
+        self.updates.append(dataclasses.replace(update, params={n: t.clone() for n, t in update.params.items()}))
 
     def merge(self, collective: Collective) -> None:
         parts = collective.all_gather(self.updates)
