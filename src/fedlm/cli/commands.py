@@ -90,7 +90,8 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         evaluation = config.get("eval", {})
         split = headline or evaluation.get("headline", "test")
-        summary = summarize(records, target, direction, evaluation.get("target"), split)
+        summary = summarize(records, target, direction, evaluation.get("target"), split,
+                            evaluation.get("select", "last"))
         pivot = bool(rows_key and cols_key)
         group = _config_value(run_dir, rows_key) if pivot else ""
         key, label = setting_key(config), setting_label(run_dir.name) or run_dir.parent.name  # 'seed=1': a grid's

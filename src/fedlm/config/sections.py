@@ -35,6 +35,11 @@ class DataConfig(Section):
                             "when it has one, else plain (### User: / ### Assistant: blocks); alpaca: ### "
                             "Instruction: / ### Response: blocks")
     test_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    validation_fraction: float | None = Field(
+        None, gt=0.0, le=0.5, description="share of the training split held out (drawn with the seed, before "
+                                          "partitioning) as the server's validation set, for a source without one "
+                                          "of its own; scored at every evaluation (val_* metrics): what eval.select: "
+                                          "best and a learning-rate choice read, so the test split stays unseen")
     max_train_examples: int | None = Field(None, ge=1)
     max_test_examples: int | None = Field(None, ge=1)
     _implied: set[str] = PrivateAttr(default_factory=set)  # column roles another section filled in
@@ -289,6 +294,10 @@ class EvalConfig(Section):
     target: float | None = Field(None, description="report the bytes needed to first reach this headline score")
     headline: Literal["test", "local"] = Field(
         "test", description="score runs by the shared test split, or by the clients' means on their local splits")
+    select: Literal["last", "best"] = Field(
+        "last", description="the model a run delivers: the last round's, or (best) the evaluated round's with the "
+                            "best validation headline -- its test scores are the run's final ones and its weights "
+                            "the saved model; the source's own validation split, else data.validation_fraction's")
     max_answer_length: int = Field(30, ge=1, description="qa: the longest answer span predicted, in tokens")
     metrics: list[str] | None = Field(
         None, description="the metrics reported (the headline always): multiple_choice of acc, acc_norm, loss, "

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from fedlm.config import ExperimentConfig, downstream_config
 from fedlm.run.recorder import finished, read_metrics, slug
 from fedlm.run.report import summarize
@@ -39,7 +41,9 @@ def downstream_scores(run_dir: Path, names: list[str] | None = None) -> dict[str
     scores: dict[str, Any] = {}
     for name in found:
         metric, direction = get_task(task_of(folder / name)).target_metric()
-        scores[f"{name} {metric}"] = summarize(read_metrics(folder / name), metric, direction)[f"final {metric}"]
+        evaluation = yaml.safe_load((folder / name / "config.yaml").read_text()).get("eval", {})
+        scores[f"{name} {metric}"] = summarize(read_metrics(folder / name), metric, direction,
+                                               select=evaluation.get("select", "last"))[f"final {metric}"]
     return scores
 
 

@@ -18,7 +18,8 @@ from fedlm.tasks import ClassificationTask
 
 
 class Evaluator:
-    """Global model on the global test split; each evaluated client's model on its local test split.
+    """Global model on the global test split (and the validation split, as ``val_*``, where the run has one);
+    each evaluated client's model on its local test split.
 
     When clients keep local parameters (personalized runs), there is no single global model: each client's
     own model (global part + its local part) is scored on the global test split too, as mean and std. Beside
@@ -61,15 +62,19 @@ class Evaluator:
 
     def __call__(self, round_idx: int, global_params: NamedTensors, clients: list[int]) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        held_out = [("test", self.prep.test_rows)] + ([("val", self.prep.validation_rows)]
+                                                      if self.prep.validation_rows else [])
         if self.personalized:
-            per_client = {}
-            for cid in clients:
-                self._client_model(global_params, cid)
-                per_client[cid] = self._score(self.prep.test_rows)
-            out.update(spread("test", per_client))
+            for prefix, rows in held_out:
+                per_client = {}
+                for cid in clients:
+                    self._client_model(global_params, cid)
+                    per_client[cid] = self._score(rows)
+                out.update(spread(prefix, per_client))
         else:
             load_into(self.prep.model, global_params)
-            out.update({f"test_{k}": v for k, v in self._score(self.prep.test_rows).items()})
+            for prefix, rows in held_out:
+                out.update({f"{prefix}_{k}": v for k, v in self._score(rows).items()})
             if self.prep.triggered_test:  # a backdoor's success: triggered test examples given the target label
                 out["attack_success_rate"] = self._score(self.prep.triggered_test)["accuracy"]
         if self.local:

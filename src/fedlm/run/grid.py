@@ -65,7 +65,8 @@ def _run_grid_locked(config: ExperimentConfig, runs: list[GridRun], data_dir: Pa
                        overwrite=overwrite, placement=placement)
         records = read_metrics(run_dir)
         target, direction = get_task(task_of(run_dir)).target_metric()
-        row = {"run": run.label, **summarize(records, target, direction, sub.eval.target, sub.eval.headline),
+        row = {"run": run.label, **summarize(records, target, direction, sub.eval.target, sub.eval.headline,
+                                             sub.eval.select),
                **run_downstream(sub, data_dir, run_dir, True, run_single)}  # finishes an interrupted one
         rows.append(SeededRow(run.setting or config.name, run.group, row, seed=run.seed))
         curves.setdefault(run.setting or config.name, []).append(records)

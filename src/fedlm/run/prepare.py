@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,6 +115,7 @@ class Prepared:
     adapter: Adapter | None = None  # with one, ``model`` holds it and only its weights (+ head) train
     attack: Attack | None = None  # the ``attack`` section: its clients' rows are poisoned already
     triggered_test: list[dict] = field(default_factory=list)  # a backdoor's test rows (its success rate)
+    validation_rows: list[dict] = field(default_factory=list)  # data.validation_fraction's held-out rows
 
 
 def split_rows(task: Task, ds: datasets.Dataset, part: Partition, tokenizer: PreTrainedTokenizerBase,
@@ -133,10 +135,44 @@ def split_rows(task: Task, ds: datasets.Dataset, part: Partition, tokenizer: Pre
 
 def load_data(config: ExperimentConfig, data_dir: Path) -> LoadedData:
     data = config.data
-    return load_source(data.source, data_dir, columns=data.columns, file_format=data.format,
-                       test_fraction=data.test_fraction, seed=config.seed,
-                       max_train_examples=data.max_train_examples, max_test_examples=data.max_test_examples,
-                       task=config.task)
+    loaded = load_source(data.source, data_dir, columns=data.columns, file_format=data.format,
+                         test_fraction=data.test_fraction, seed=config.seed,
+                         max_train_examples=data.max_train_examples, max_test_examples=data.max_test_examples,
+                         task=config.task)
+    return with_validation(loaded, data.validation_fraction, config.eval.select == "best", config.seed)
+
+
+def scores_validation(config: ExperimentConfig) -> bool:
+    """Whether a run scores a validation split: asked for by data.validation_fraction or eval.select: best."""
+    return config.data.validation_fraction is not None or config.eval.select == "best"
+
+
+def with_validation(loaded: LoadedData, fraction: float | None, needed: bool, seed: int) -> LoadedData:
+    """``loaded`` with the validation split a run scores (see ``scores_validation``): the source's own where it
+    has one (CoNLL-2003, NCBI-disease, wikitext-2); else, given ``fraction``, a seeded share of the training split
+    held out before any partitioning (the server's own set, as a central dev set would be)."""
+    own = "validation" in loaded.splits
+    if own and fraction is not None:
+        raise UserError(f"data.validation_fraction: this source has a validation split of its own "
+                        f"({len(loaded.splits['validation'])} examples), which eval.select: best scores; remove "
+                        "data.validation_fraction (and set eval.select: best to score it)")
+    if own or fraction is None:
+        if needed and not own:
+            raise UserError("eval.select: best picks a round by its validation score, and this source has no "
+                            "validation split: set data.validation_fraction (e.g. 0.1 of the training split), or "
+                            "eval.select: last")
+        return loaded
+    train = loaded.splits["train"]
+    held = round(fraction * len(train))
+    if held < 1 or held >= len(train):
+        raise UserError(f"data.validation_fraction {fraction:g} of {len(train)} training examples leaves "
+                        f"{held} for validation and {len(train) - held} for training; both need at least one: "
+                        "raise the fraction, or use more training data")
+    parts = train.train_test_split(test_size=held, seed=seed, shuffle=True)
+    splits = datasets.DatasetDict({**loaded.splits, "train": parts["train"], "validation": parts["test"]})
+    return dataclasses.replace(
+        loaded, splits=splits, fingerprint=f"{loaded.fingerprint}|validation={held}@{seed}",
+        split_note=f"{loaded.split_note}; {held} training examples held out as the validation split (seed {seed})")
 
 
 def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = None) -> Prepared:
@@ -187,6 +223,8 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
                       encoder_decoder=bool(getattr(model.config, "is_encoder_decoder", False)))
     max_len = config.model.max_length
     test_rows = task.preprocess(loaded.splits["test"], tokenizer, max_len).to_list()
+    validation_rows = task.preprocess(loaded.splits["validation"], tokenizer, max_len).to_list() \
+        if scores_validation(config) else []
     train_rows = task.preprocess(train, tokenizer, max_len).to_list() if task.row_wise else None
     client_train = split_rows(task, train, train_part, tokenizer, max_len, train_rows)
     if test_part is None:  # no local evaluation: the global test split only
@@ -203,5 +241,5 @@ def prepare(config: ExperimentConfig, data_dir: Path, cache_dir: Path | None = N
         client_train=client_train, client_test=client_test, test_rows=test_rows,
         partition_sizes={"train": train_part.sizes().tolist(),
                          "test": test_part.sizes().tolist() if test_part is not None else []},
-        train_partition=train_part, train_input=train_input, adapter=adapter,
+        train_partition=train_part, train_input=train_input, adapter=adapter, validation_rows=validation_rows,
     )

@@ -131,14 +131,20 @@ def seed_band(seeds: Sequence[Sequence[dict[str, Any]]], key: str
 
 
 def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
-              goal: float | None = None, split: str = "test") -> dict[str, Any]:
+              goal: float | None = None, split: str = "test", select: str = "last") -> dict[str, Any]:
     """Final and best headline metric, rounds, bytes and time of one run (and, given a goal score, the
-    round and the bytes both ways it took to first reach it, FedSplitBERT Table VI's communication cost)."""
+    round and the bytes both ways it took to first reach it, FedSplitBERT Table VI's communication cost).
+    ``select`` best (eval.select): the final scores are those of the evaluated round with the best validation
+    headline, the model the run delivers; with a validation split, its score at that round is ``val <metric>``."""
     key = headline_key(records, metric, split)
     rounds, values = metric_series(records, key) if key else ([], [])
     start = values[0] if rounds and rounds[0] == 0 else math.nan
     trained = (values[1:] if rounds and rounds[0] == 0 else values) or values  # rounds: 0 -> the start itself
     best = (max if direction == "max" else min)(trained) if trained else math.nan
+    final = trained[-1] if trained else math.nan
+    chosen = _selected(records, metric, direction, select)
+    if "selected round" in chosen:
+        final = dict(zip(rounds, values, strict=True)).get(chosen["selected round"], math.nan)
     last = records[-1] if records else {}
     std_key = _spread_key(key, metric, last)
     reached = _first_reaching(records, key, direction, goal) if key and goal is not None else {}
@@ -146,8 +152,9 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
     return {
         "rounds": int(last.get("round", 0)),
         f"start {metric}": start,
-        f"final {metric}": trained[-1] if trained else math.nan,
+        f"final {metric}": final,
         f"best {metric}": best,
+        **chosen,
         **prior,
         "spread (std over clients)": last.get(std_key) if std_key else None,
         "MB up": sum(r.get("bytes_up", 0) for r in records) / 1e6,
@@ -159,6 +166,28 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, direction: str,
         **_attack_success(records),
         **_flagged(records),
     }
+
+
+def _selected(records: Sequence[dict[str, Any]], metric: str, direction: str, select: str) -> dict[str, Any]:
+    """The validation score the final one goes with: at the best validation round under eval.select best (and
+    that round), else at the last evaluated round; {} without validation scores."""
+    found = best_validation_round(records, metric, direction)
+    if found is None:
+        return {}
+    if select != "best":
+        return {f"val {metric}": metric_series(records, f"val_{metric}")[1][-1]}
+    return {"selected round": found[0], f"val {metric}": found[1]}
+
+
+def best_validation_round(records: Sequence[dict[str, Any]], metric: str,
+                          direction: str) -> tuple[int, float] | None:
+    """The evaluated round with the best ``val_<metric>`` (the first of equals) and its value; None if no record
+    has one. The summary's final scores and the model eval.select: best saves are chosen by this one rule."""
+    rounds, values = metric_series(records, f"val_{metric}")
+    if not rounds:
+        return None
+    pick = (max if direction == "max" else min)(range(len(values)), key=values.__getitem__)
+    return rounds[pick], values[pick]
 
 
 def _flagged(records: Sequence[dict[str, Any]], shown: int = 3) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from fedlm.run.progress import RoundProgress, announce
 from fedlm.run.recorder import RunRecorder
 from fedlm.run.report import markdown_table, plot_run, summarize
 from fedlm.run.rundir import clear_run, config_text, refuse_existing
+from fedlm.run.selection import BestOnValidation
 from fedlm.run.tracking import Trackers, open_trackers
 from fedlm.tasks import Task
 
@@ -102,7 +103,9 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
     settings = LocalSettings.from_config(config.train)
     store = start.store
     evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.evaluation_batch, collective=collective)
-    hooks = EngineHooks(evaluate=evaluator, record=recording(recorder, trackers),
+    selector = selection(config, prep, policy.personalized, recorder)
+    hooks = EngineHooks(evaluate=evaluator if selector is None else selector.watching(evaluator),
+                        record=recording(recorder, trackers),
                         checkpoint=checkpointer(recorder, store, start.strategy, config))
     executor = placement.executor(RunClients(prep, policy, start.codec, store, settings, progress))
     engine = RoundEngine(strategy=start.strategy, executor=executor, codec=start.codec,
@@ -119,9 +122,24 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
     finally:
         executor.close()
         progress.close()
-    save_final_model(prep, final, store, run_dir / "model", policy.personalized, n_clients,
+    delivered = final if selector is None else selector.params(final)
+    save_final_model(prep, delivered, store, run_dir / "model", policy.personalized, n_clients,
                      head_only=encoder_is_global(policy))
     return summarise(config, data_dir, recorder, prep.task, resume)
+
+
+def selection(config: ExperimentConfig, prep: Prepared, personalized: bool,
+              recorder: RunRecorder) -> BestOnValidation | None:
+    """eval.select: best's keeper of the best round's parameters (None: the run delivers its last round)."""
+    if config.eval.select != "best":
+        return None
+    if personalized:
+        raise UserError("eval.select: best picks one global model by its validation score, and this run's clients "
+                        "keep parameters of their own (sharing, client_parts local or a critical layer); set "
+                        "eval.select: last")
+    metric, direction = prep.task.target_metric()
+    return BestOnValidation(recorder.run_dir / "checkpoint" / "best.safetensors", metric, direction,
+                            recorder.records())
 
 
 def prepare_run(config: ExperimentConfig, data_dir: Path) -> Prepared:
@@ -171,6 +189,7 @@ def record_inputs(recorder: RunRecorder, prep: Prepared) -> None:
         "source": config.data.source, "kind": prep.loaded.kind, "task": prep.task_name,
         "label_names": prep.loaded.label_names, "split_note": prep.loaded.split_note,
         "train_examples": len(prep.loaded.splits["train"]), "test_examples": len(prep.loaded.splits["test"]),
+        **({"validation_examples": len(prep.validation_rows)} if prep.validation_rows else {}),
         "partition": config.partition.spec(), "client_sizes": prep.partition_sizes,
         **({"attackers": sorted(prep.attack.clients)} if prep.attack is not None else {}),
     })
@@ -255,7 +274,7 @@ def summarise(config: ExperimentConfig, data_dir: Path, recorder: RunRecorder, t
     records = recorder.records()
     plot_run(records, target, recorder.run_dir, f"{config.name}: {config.protocol.kind} on {config.data.source}")
     row = {"run": config.name, "protocol": config.protocol.kind,
-           **summarize(records, target, direction, config.eval.target, config.eval.headline)}
+           **summarize(records, target, direction, config.eval.target, config.eval.headline, config.eval.select)}
     row.update(run_downstream(config, data_dir, recorder.run_dir, resume, run_single))
     recorder.write_text("summary.md", markdown_table([row]))
     return row
