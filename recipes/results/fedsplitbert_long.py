@@ -1,0 +1,132 @@
+"""The verdicts of recipes/fedsplitbert-long.yaml (issue 36 item 3) from its finished runs, by the rules fixed in
+the recipe's header before the runs.
+
+    .venv/bin/python recipes/results/fedsplitbert_long.py runs/fedsplitbert-long [runs/fedsplitbert-long-baselines]
+
+Prints markdown: each method's final local-test accuracy (mean ± sd [95% t-interval] over seeds), the clients'
+label prior and the start; every pre-registered comparison as a same-seed difference with its 95% t-interval and
+the verdict its rule gives (16-bit as an equivalence, band 0.02, by two one-sided tests); whether c matters at
+this length; MB to the 0.80 target per seed. A comparison whose runs are missing prints "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+from fedsplitbert_targets import ACC, PRIOR, load, stats
+
+from fedlm.metrics import mean_interval
+from fedlm.run.seeds import equivalence
+
+DATASET = "sst2-3clients"
+C0, C3, C6 = "c=0 (isolated)", "c=3", "c=6 (FedAvg)"
+FEDPROX, FEDADAM, FP16 = "FedProx", "FedAdam", "c=3 fp16"
+ONE_EXAMPLE = 1 / 150  # one of the 3 x 50 local-test examples
+FP16_BAND = 0.02
+
+
+def differences(runs: dict, a: str, b: str | None) -> list[float]:
+    """Same-seed final local accuracy of ``a`` minus ``b`` (None: minus the clients' label prior)."""
+    seeds = sorted(s for d, m, s in runs if d == DATASET and m == a)
+    out = []
+    for seed in seeds:
+        left, right = runs.get((DATASET, a, seed)), runs.get((DATASET, b, seed)) if b else None
+        if left and (right or b is None):
+            out.append(left[ACC] - (right[ACC] if b else left[PRIOR]))
+    return out
+
+
+def interval(diffs: list[float]) -> tuple[str, str]:
+    """'mean [low, high] (n seeds)' and the difference rule's word: above 0, below 0, or within noise."""
+    if len(diffs) < 2:
+        return ("not run" if not diffs else f"{diffs[0]:+.3f} (1 seed)"), "not measurable"
+    mean, _, half = mean_interval(diffs)
+    word = "above 0" if mean - half > 0 else "below 0" if mean + half < 0 else "covers 0"
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] ({len(diffs)} seeds)", word
+
+
+def verdict(word: str, precondition: bool = True) -> str:
+    if not precondition:
+        return "not measurable here (precondition failed)"
+    return {"above 0": "holds", "below 0": "does not hold here", "covers 0": "within noise"}.get(word, word)
+
+
+def c_matters(runs: dict) -> str:
+    """The recipe's "c matters at this length" rule, both readings of "the three c differ" printed."""
+    seeds = sorted(s for d, m, s in runs if d == DATASET and m == C3)
+    pairwise = spread = 0
+    for seed in seeds:
+        values = [runs[DATASET, m, seed][ACC] for m in (C0, C3, C6) if (DATASET, m, seed) in runs]
+        if len(values) < 3:
+            continue
+        pairwise += all(abs(x - y) > ONE_EXAMPLE for x, y in itertools.combinations(values, 2))
+        spread += max(values) - min(values) > ONE_EXAMPLE
+    intervals = [interval(differences(runs, C3, ref))[1] for ref in (C0, C6)]
+    excluded = any(word in ("above 0", "below 0") for word in intervals)
+    holds = excluded or pairwise >= 2
+    return (f"an interval excludes 0: {excluded}; seeds where every pair of c differs by more than one local-test "
+            f"example: {pairwise} of {len(seeds)} (where the largest and smallest c differ so: {spread}) -> "
+            f"{'holds' if holds else 'does not hold here (this length still cannot place c)'}")
+
+
+def to_target(runs: dict, method: str) -> dict[int, float | None]:
+    return {s: c.get("MB to target") for (d, m, s), c in runs.items() if d == DATASET and m == method}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", type=Path, nargs="+")
+    args = parser.parse_args()
+    runs = load(args.roots)
+    methods = list(dict.fromkeys(m for d, m, _ in runs if d == DATASET))
+    first = methods[0]
+
+    def column(method: str, key: str) -> list[float]:
+        return [c[key] for (d, m, _), c in sorted(runs.items()) if d == DATASET and m == method]
+
+    print("| setting | final local accuracy | shared dev accuracy | MB per round |\n|---|---|---|---:|")
+    print(f"| start (round 0) | {stats(column(first, 'start accuracy'))} | - | - |")
+    print(f"| label prior | {stats(column(first, PRIOR))} | - | - |")
+    for m in methods:
+        print(f"| {m} | {stats(column(m, ACC))} | {stats(column(m, 'shared'))} | {column(m, 'MB/round')[0]:.0f} |")
+
+    pre = {m: interval(differences(runs, m, None)) for m in (C6, C3)}
+    precondition = all(word == "above 0" for _, word in pre.values())
+    print("\n| pre-registered comparison (same seed) | difference [95% interval] | verdict |\n|---|---|---|")
+    for m, (text, word) in pre.items():
+        print(f"| precondition: {m} - label prior | {text} | {'met' if word == 'above 0' else 'not met'} |")
+    for claim, a, b in (("Table III: c = 3 - c = 6 (FedSplitBERT beats FedAvg)", C3, C6),
+                        ("Discussion: c = 3 - c = 0 (shared layers beat isolated training)", C3, C0),
+                        ("FedAdam - FedAvg", FEDADAM, C6), ("FedProx - FedAvg", FEDPROX, C6),
+                        ("Table III: c = 3 - FedProx", C3, FEDPROX), ("Table III: c = 3 - FedAdam", C3, FEDADAM)):
+        text, word = interval(differences(runs, a, b))
+        print(f"| {claim} | {text} | {verdict(word, precondition) if text != 'not run' else 'not run'} |")
+    fp16 = differences(runs, FP16, C3)
+    judged = equivalence(fp16, FP16_BAND)
+    text, _ = interval(fp16)
+    words = {"equivalent": "holds", "differs": "does not hold here", "not measurable": "not measurable here"}
+    print(f"| 16-bit keeps accuracy: c = 3 fp16 - c = 3 (equivalence, band ±{FP16_BAND}) | {text} | "
+          f"{'not run' if not fp16 else words.get(judged.verdict, judged.verdict)} |")
+    print(f"\nc matters at this length: {c_matters(runs)}")
+
+    print("\nTable VI: MB (up + down) at the first round reaching local accuracy 0.80, per seed (- = not reached)\n")
+    print("| setting | " + " | ".join(f"seed {s}" for s in sorted({s for _, _, s in runs})) + " |")
+    print("|---|" + "---:|" * len({s for _, _, s in runs}))
+    for m in methods:
+        cells = to_target(runs, m)
+        print(f"| {m} | " + " | ".join("-" if cells.get(s) is None else f"{cells[s]:.0f}"
+                                       for s in sorted({s for _, _, s in runs})) + " |")
+    c3, c6 = to_target(runs, C3), to_target(runs, C6)
+    both = [s for s in c6 if c6[s] is not None]
+    fewer = all(c3.get(s) is not None and c3[s] < c6[s] for s in both)
+    reached = sum(v is not None for v in c3.values()) >= sum(v is not None for v in c6.values())
+    rule = ("holds" if fewer and reached else "does not hold here") if both else \
+        "not measurable here (FedAvg never reached it)"
+    print("\nTable VI rule (c = 3 needs fewer MB than FedAvg in every seed where FedAvg reaches 0.80, and reaches it "
+          f"in at least as many seeds): {rule}")
+
+
+if __name__ == "__main__":
+    main()
