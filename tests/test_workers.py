@@ -223,3 +223,14 @@ def test_the_leading_process_counts_every_client_of_the_round_as_done():
     results = list(ShardedExecutor(inner, RankZeroOfTwo()).run(jobs))
     assert [r.client_id for r in results] == [0, 1, 4]  # its share (test above: owners 0, 0, 1, 1, 0)
     assert observer.done == [0, 1, 4, 2, 3]
+
+
+@pytest.mark.skipif(any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/kfd")), reason="a GPU driver: "
+                    "the launcher asks torch how many GPUs there are")
+def test_the_launcher_checks_its_workers_without_importing_torch():
+    """`fedlm run --workers N` starts its workers at once: on a machine without GPUs its launcher never imports
+    torch (seconds of a small job's total, issue 33 item 5)."""
+    probe = ("import sys; from fedlm.cli.workers import check_workers, choose_backend; check_workers(2); "
+             "assert choose_backend('auto', 2, 0) == 'gloo'; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

@@ -16,12 +16,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from fedlm.errors import UserError
-from fedlm.federation.collective import LOCAL, Collective, TorchCollective
+
+if TYPE_CHECKING:
+    from fedlm.federation.collective import Collective
 
 LAUNCHED_ENV = "FEDLM_LAUNCHED"  # set in the processes `fedlm run --workers` starts: the launcher speaks for them
 STOP_GRACE_S = 10.0  # how long a stopped worker may take to exit before it is killed
@@ -34,17 +34,31 @@ def check_workers(workers: int, backend: str = "auto") -> None:
     if os.environ.get("WORLD_SIZE"):
         raise UserError("--workers starts its own processes, but this one was started by torchrun (WORLD_SIZE is "
                         "set): leave --workers out and let torchrun's --nproc-per-node say how many")
-    gpus = torch.cuda.device_count()
+    gpus = gpu_count()
     if gpus and workers > gpus and workers % gpus:
         raise UserError(f"--workers {workers} on {gpus} GPUs: the workers would share them unevenly; give a "
                         f"multiple of {gpus}, or list as many devices as workers in CUDA_VISIBLE_DEVICES")
     choose_backend(backend, workers, gpus)
 
 
+def gpu_count() -> int:
+    """The GPUs torch sees. On a machine without a GPU driver (no NVIDIA or ROCm device files) 0, without
+    importing torch: the launcher of ``--workers`` starts its workers seconds sooner."""
+    if "torch" not in sys.modules and not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/kfd")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def choose_backend(requested: str, processes_here: int, gpus: int) -> str:
     """The ``torch.distributed`` backend for ``processes_here`` processes on a machine with ``gpus`` GPUs: NCCL
     needs a GPU of its own for each process (it refuses two ranks on one device), gloo runs anywhere. ``auto``
     takes NCCL exactly when it can."""
+    if requested != "nccl" and not 0 < processes_here <= gpus:
+        return "gloo"  # nothing to ask torch: NCCL cannot fit
+    import torch.distributed as dist
+
     fits = 0 < processes_here <= gpus and dist.is_nccl_available()
     if requested == "auto":
         return "nccl" if fits else "gloo"
@@ -141,6 +155,10 @@ def join(timeout_s: float, backend: str = "auto") -> Collective:
     worker with GPUs takes its own (LOCAL_RANK), so the run's ``train.device: auto`` resolves to it. Every
     process of a machine decides the backend alike (from the same GPUs and LOCAL_WORLD_SIZE); across machines
     give ``--backend`` explicitly if they differ."""
+    import torch
+
+    from fedlm.federation.collective import LOCAL, TorchCollective
+
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return LOCAL
     gpus = torch.cuda.device_count()
