@@ -18,6 +18,7 @@ from fedlm.run.report import summarize
 from fedlm.run.selection import BestOnValidation
 from fedlm.run.single import run_single
 from tests.conftest import tiny_config
+from tests.training_helpers import run_until_interrupted
 
 
 def _config(tmp_path, source, **evaluation):
@@ -103,3 +104,18 @@ def test_validation_refusals_name_the_fix(tmp_path, tiny_csv):
     personal["sharing"] = {"critical_layer": 1}
     with pytest.raises(UserError, match=r"eval\.select: best picks one global model"):
         run_single(validate(personal), tiny_csv, tmp_path / "personal")
+
+
+def test_a_resumed_run_delivers_the_same_selected_model(tmp_path, tiny_csv, one_thread):
+    """The best round (1) was evaluated before the crash (at round 3): the resumed run still delivers it."""
+    raw = _config(tmp_path, tiny_csv, select="best")
+    raw["protocol"]["rounds"] = 3
+    raw["train"]["lr"] = 0.05
+    whole = run_single(validate(raw), tiny_csv, tmp_path / "whole")
+    run_until_interrupted(validate(raw), tiny_csv, tmp_path / "cut", 3)
+    resumed = run_single(validate(raw), tiny_csv, tmp_path / "cut", resume=True)
+    assert resumed["selected round"] == whole["selected round"] == 1
+    assert resumed["final accuracy"] == whole["final accuracy"]
+    kept = [load_file(tmp_path / run / "checkpoint" / "best.safetensors") for run in ("whole", "cut")]
+    for name, value in kept[0].items():
+        torch.testing.assert_close(kept[1][name], value, rtol=0, atol=0)
