@@ -19,7 +19,7 @@ from fedlm.errors import UserError
 # torch's CPU allocator asks for 2 MB transparent huge pages for tensors of 2 MB and more when this is set as torch
 # loads (nothing above imports it): each client's fresh optimizer state and update otherwise fault in 4 KB pages
 # by the thousand. MiniLM, 10 clients x 4 batches (benchmarks/bench_client_overhead.py, 2026-11-28): per-client
-# overhead 55 -> -5 ms (noise) and the centralized epoch ~6% faster. A user's own value wins.
+# overhead 55 -> -5 ms (noise) and the centralized epoch ~7% faster. A user's own value wins.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
