@@ -1,24 +1,34 @@
 """The verdicts of recipes/fedsplitbert-long.yaml (issue 36 item 3) from its finished runs, by the rules fixed in
 the recipe's header before the runs.
 
-    .venv/bin/python recipes/results/fedsplitbert_long.py runs/fedsplitbert-long [runs/fedsplitbert-long-baselines]
+    .venv/bin/python recipes/results/fedsplitbert_long.py runs/fedsplitbert-long [runs/fedsplitbert-long-baselines] \
+        [--plot recipes/results/fedsplitbert-long.png]
 
 Prints markdown: each method's final local-test accuracy (mean ± sd [95% t-interval] over seeds), the clients'
 label prior and the start; every pre-registered comparison as a same-seed difference with its 95% t-interval and
 the verdict its rule gives (16-bit as an equivalence, band 0.02, by two one-sided tests); whether c matters at
-this length; MB to the 0.80 target per seed. A comparison whose runs are missing prints "not run".
+this length; MB to the 0.80 target per seed. A comparison whose runs are missing prints "not run". ``--plot``: each
+setting's local-test accuracy per round (every seed thin, the mean thick) beside the label prior.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 from pathlib import Path
 
+import matplotlib
+import yaml
 from fedsplitbert_targets import ACC, PRIOR, load, stats
 
 from fedlm.metrics import mean_interval
+from fedlm.run.recorder import read_metrics
+from fedlm.run.report import metric_series
 from fedlm.run.seeds import equivalence
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 
 DATASET = "sst2-3clients"
 C0, C3, C6 = "c=0 (isolated)", "c=3", "c=6 (FedAvg)"
@@ -78,6 +88,7 @@ def to_target(runs: dict, method: str) -> dict[int, float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("roots", type=Path, nargs="+")
+    parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     runs = load(args.roots)
     methods = list(dict.fromkeys(m for d, m, _ in runs if d == DATASET))
@@ -126,6 +137,33 @@ def main() -> None:
         "not measurable here (FedAvg never reached it)"
     print("\nTable VI rule (c = 3 needs fewer MB than FedAvg in every seed where FedAvg reaches 0.80, and reaches it "
           f"in at least as many seeds): {rule}")
+    if args.plot:
+        plot(args.roots, statistics.mean(column(first, PRIOR)), args.plot)
+
+
+def plot(roots: list[Path], prior: float, path: Path) -> None:
+    """Local-test accuracy per round of every finished run, by setting: seeds thin, their mean thick."""
+    curves: dict[str, list[tuple[list[int], list[float]]]] = {}
+    for config_path in sorted(p for root in roots for p in root.glob("*/config.yaml")):
+        method = yaml.safe_load(config_path.read_text())["tags"]["method"]
+        curves.setdefault(method, []).append(metric_series(read_metrics(config_path.parent), "local_accuracy_mean"))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for color, (method, series) in zip(plt.cm.tab10.colors, curves.items(), strict=False):
+        for rounds, values in series:
+            ax.plot(rounds, values, color=color, lw=0.7, alpha=0.5)
+        full = [values for rounds, values in series if len(values) == len(max((v for _, v in series), key=len))]
+        rounds = max((r for r, _ in series), key=len)
+        ax.plot(rounds, [sum(v) / len(v) for v in zip(*full, strict=True)], color=color, lw=2.2,
+                label=f"{method} ({len(full)} seeds)")
+    ax.axhline(prior, color="grey", ls="--", lw=1, label="label prior (mean)")
+    ax.set_xlabel("round (3 local epochs each)")
+    ax.set_ylabel("local-test accuracy (mean over clients)")
+    ax.set_title("FedSplitBERT trained longer: 3 label-skewed SST-2 clients, MiniLM")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
