@@ -115,7 +115,7 @@ class Prepared:
     adapter: Adapter | None = None  # with one, ``model`` holds it and only its weights (+ head) train
     attack: Attack | None = None  # the ``attack`` section: its clients' rows are poisoned already
     triggered_test: list[dict] = field(default_factory=list)  # a backdoor's test rows (its success rate)
-    validation_rows: list[dict] = field(default_factory=list)  # data.validation_fraction's held-out rows
+    validation_rows: list[dict] = field(default_factory=list)  # the validation split a run scores, if any
 
 
 def split_rows(task: Task, ds: datasets.Dataset, part: Partition, tokenizer: PreTrainedTokenizerBase,
