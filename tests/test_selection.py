@@ -104,6 +104,7 @@ def test_validation_refusals_name_the_fix(tmp_path, tiny_csv):
     personal["sharing"] = {"critical_layer": 1}
     with pytest.raises(UserError, match=r"eval\.select: best picks one global model"):
         run_single(validate(personal), tiny_csv, tmp_path / "personal")
+    assert not (tmp_path / "personal" / "config.yaml").exists()  # refused before the run directory is written
 
 
 def test_a_resumed_run_delivers_the_same_selected_model(tmp_path, tiny_csv, one_thread):

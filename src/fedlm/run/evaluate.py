@@ -65,12 +65,13 @@ class Evaluator:
         held_out = [("test", self.prep.test_rows)] + ([("val", self.prep.validation_rows)]
                                                       if self.prep.validation_rows else [])
         if self.personalized:
-            for prefix, rows in held_out:
-                per_client = {}
-                for cid in clients:
-                    self._client_model(global_params, cid)
-                    per_client[cid] = self._score(rows)
-                out.update(spread(prefix, per_client))
+            per_client: dict[str, dict[int, dict[str, float]]] = {prefix: {} for prefix, _ in held_out}
+            for cid in clients:
+                self._client_model(global_params, cid)  # once per client, whatever it is scored on
+                for prefix, rows in held_out:
+                    per_client[prefix][cid] = self._score(rows)
+            for prefix, scores in per_client.items():
+                out.update(spread(prefix, scores))
         else:
             load_into(self.prep.model, global_params)
             for prefix, rows in held_out:

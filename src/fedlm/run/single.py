@@ -85,6 +85,10 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
     policy = run_policy(prep)
     if config.privacy.kind == "sample":  # the task is known only now; refused before the run directory is touched
         refuse_unsupported(config.model.family, prep.task_name)
+    if config.eval.select == "best" and policy.personalized:  # likewise known only now
+        raise UserError("eval.select: best picks one global model by its validation score, and this run's clients "
+                        "keep parameters of their own (sharing, client_parts local or a critical layer); set "
+                        "eval.select: last")
     if checkpoint is None:  # a new run (or nothing was checkpointed): it starts over, its starting point included
         if overwrite and not resume:
             clear_run(run_dir)  # only now: config, data and model have loaded
@@ -103,7 +107,7 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
     settings = LocalSettings.from_config(config.train)
     store = start.store
     evaluator = Evaluator(prep, store, policy.personalized, on_batch=progress.evaluation_batch, collective=collective)
-    selector = selection(config, prep, policy.personalized, recorder)
+    selector = selection(config, prep, recorder)
     hooks = EngineHooks(evaluate=evaluator if selector is None else selector.watching(evaluator),
                         record=recording(recorder, trackers),
                         checkpoint=checkpointer(recorder, store, start.strategy, config))
@@ -128,15 +132,10 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
     return summarise(config, data_dir, recorder, prep.task, resume)
 
 
-def selection(config: ExperimentConfig, prep: Prepared, personalized: bool,
-              recorder: RunRecorder) -> BestOnValidation | None:
+def selection(config: ExperimentConfig, prep: Prepared, recorder: RunRecorder) -> BestOnValidation | None:
     """eval.select: best's keeper of the best round's parameters (None: the run delivers its last round)."""
     if config.eval.select != "best":
         return None
-    if personalized:
-        raise UserError("eval.select: best picks one global model by its validation score, and this run's clients "
-                        "keep parameters of their own (sharing, client_parts local or a critical layer); set "
-                        "eval.select: last")
     metric, direction = prep.task.target_metric()
     return BestOnValidation(recorder.run_dir / "checkpoint" / "best.safetensors", metric, direction,
                             recorder.records())
