@@ -19,7 +19,11 @@ so each trains as it would in its own run. Nothing is evaluated: the engine's ``
 the clients' local training, upload encode and decode) is T, its ``wall_s`` adds the aggregation.
 Round 1 of each arm is a warm-up and not counted; the FFDAPT window rotates with the real round index.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_ffdapt_rounds.py [--abstracts N] [--pairs 4] [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/bench_ffdapt_rounds.py [--clients 2,8] [--partitions iid,...] [--abstracts N]
+        [--pairs 4] [--quick]
+
+With several scenarios (client counts x partitions) it ends with the paper's aggregate: each scenario's median I,
+and their mean over the scenarios (FDAPT reports I per scenario and their average, 12.1%).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from fedlm.federation.params import NamedTensors, snapshot
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.simulation import InProcessExecutor
 from fedlm.federation.store import make_client_store
+from fedlm.metrics import mean_interval
 from fedlm.run.policy import run_policy
 from fedlm.run.prepare import Prepared, prepare
 from fedlm.run.single import round_plan, run_codec, run_strategy
@@ -58,15 +63,16 @@ WINDOW = {"epsilon": 2, "gamma": 1.0}  # the recipe's FFDAPT settings
 
 
 def recipe_config(recipe: dict, clients: int, abstracts: int | None, rounds: int,
-                  window: dict | None) -> ExperimentConfig:
+                  window: dict | None, partition: str = "iid") -> ExperimentConfig:
     """The recipe's base config (grid, baselines, downstream and seeds dropped) at this benchmark's scale; the
     checkpoint is the bundled MiniLM (the same shape as any MiniLM the recipe starts from: time does not depend on
     the weights, and a run directory the recipe points at may not exist yet)."""
     raw = copy.deepcopy(recipe)
     for key in ("grid", "baselines", "downstream", "seeds"):
         raw.pop(key, None)
-    changes: dict[str, Any] = {"model.checkpoint": "minilm", "partition.kind": "iid", "partition.num_clients": clients,
-                               "data.max_test_examples": max(16, clients), "protocol.rounds": rounds,
+    changes: dict[str, Any] = {"model.checkpoint": "minilm", "partition.kind": partition,
+                               "partition.num_clients": clients, "data.max_test_examples": max(16, clients),
+                               "protocol.rounds": rounds,
                                "sharing.freeze_window": window}
     if abstracts is not None:
         changes["data.max_train_examples"] = abstracts
@@ -138,27 +144,29 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def bench_setting(recipe: dict, clients: int, abstracts: int | None, pairs: int, data_dir: Path) -> dict[str, Any]:
+def bench_setting(recipe: dict, clients: int, partition: str, abstracts: int | None, pairs: int,
+                  data_dir: Path) -> dict[str, Any]:
     """Both arms from the same starting weights; round 1 of each a warm-up, then ``pairs`` ABBA pairs."""
     rounds = pairs + 1
-    base = recipe_config(recipe, clients, abstracts, rounds, None)
+    base = recipe_config(recipe, clients, abstracts, rounds, None, partition)
     torch.manual_seed(base.seed)
     prep = prepare(base, data_dir)
     initial = snapshot(prep.model)
     with tempfile.TemporaryDirectory() as tmp:
         arms = (build_arm("FDAPT", prep, base, initial, Path(tmp) / "a"),
-                build_arm("FFDAPT", prep, recipe_config(recipe, clients, abstracts, rounds, WINDOW), initial,
+                build_arm("FFDAPT", prep, recipe_config(recipe, clients, abstracts, rounds, WINDOW, partition), initial,
                           Path(tmp) / "b"))
         loads: list[float] = []
         for round_idx in range(1, rounds + 1):
             for arm in arms if round_idx % 2 else arms[::-1]:  # AB (warm-up), BA, AB, ...
                 rec = arm.round(round_idx)
-                print(f"  {clients} clients, round {round_idx}, {arm.label}: train {rec['train_s']:.2f} s "
+                print(f"  {clients} clients {partition}, round {round_idx}, {arm.label}: train {rec['train_s']:.2f} s "
                       f"(CPU {rec['cpu_train_s']:.2f} s), round {rec['wall_s']:.2f} s, "
                       f"{rec['bytes_up'] / 1e6:.2f} MB up, loss {rec['train_loss']:.3f}", flush=True)
             loads.append(os.getloadavg()[0])
     batch = base.train.batch_size
-    return {"clients": clients, "timed": {arm.label: arm.records[1:] for arm in arms}, "loads": loads,
+    return {"clients": clients, "partition": partition, "timed": {arm.label: arm.records[1:] for arm in arms},
+            "loads": loads,
             "blocks": sum(len(rows) for rows in prep.client_train.values()),
             "steps": sum(-(-len(rows) // batch) for rows in prep.client_train.values()),
             "abstracts": len(prep.loaded.splits["train"]), "window": arms[1].policy.window}
@@ -174,8 +182,9 @@ def report(result: dict[str, Any]) -> None:
     window = result["window"]
     counts = sorted({window.count(c) for c in window.sizes})
     up, up_f = (statistics.median(r["bytes_up"] for r in arm) for arm in (full, frozen))
-    print(f"\n{result['clients']} clients, IID: {result['abstracts']} abstracts, {result['blocks']} blocks of 128 "
-          f"tokens, {result['steps']} local steps per round in all; FFDAPT clients freeze {counts} of "
+    print(f"\n{result['clients']} clients, {result['partition']}: {result['abstracts']} abstracts, "
+          f"{result['blocks']} blocks of 128 tokens, {result['steps']} local steps per round in all; "
+          f"FFDAPT clients freeze {counts} of "
           f"{window.blocks} blocks each; {len(full)} timed pairs; load average "
           f"{min(result['loads']):.1f}-{max(result['loads']):.1f}")
     print("| arm | client training s (wall) | client training s (CPU) | whole round s (wall) | MB up per round |")
@@ -191,9 +200,36 @@ def report(result: dict[str, Any]) -> None:
     print(f"bytes up per round, FFDAPT / FDAPT: {up_f / up:.3f} (paper's I: 12.1% on average)")
 
 
+def average(results: list[dict[str, Any]]) -> None:
+    """The paper's aggregate (FDAPT §5: I computed per scenario, then averaged over the scenarios): the mean of
+    the scenarios' median I, beside each scenario's, so that no one scenario stands for the claim."""
+    print("\n| scenario | I, client training wall (median of pairs) | I, client training CPU | pairs faster (wall) |")
+    print("|---|---:|---:|---:|")
+    medians: dict[str, list[float]] = {"train_s": [], "cpu_train_s": []}
+    for result in results:
+        full, frozen = result["timed"]["FDAPT"], result["timed"]["FFDAPT"]
+        cells = []
+        for key, kept in medians.items():
+            kept.append(statistics.median(gains(full, frozen, key)))
+            cells.append(f"{kept[-1]:+.1f}%")
+        faster = sum(i > 0 for i in gains(full, frozen, "train_s"))
+        print(f"| {result['clients']} clients, {result['partition']} | {cells[0]} | {cells[1]} | "
+              f"{faster} of {len(full)} |")
+    cells = []
+    for values in medians.values():
+        mean, _, half = mean_interval(values)
+        cells.append(f"**{mean:+.1f}%** [{mean - half:+.1f}, {mean + half:+.1f}]")
+    print(f"| **average over the {len(results)} scenarios** [95% t-interval over them] | {cells[0]} | {cells[1]} | |")
+    print(f"(paper: 12.1% on average over its scenarios; scenario medians range {min(medians['train_s']):+.1f}% to "
+          f"{max(medians['train_s']):+.1f}% here)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="2,8", help="comma-separated client counts (default 2,8)")
+    parser.add_argument("--partitions", default="iid",
+                        help="comma-separated partition kinds, each timed at every client count (default iid; the "
+                             "paper's scenarios: iid,fdapt_quantity,fdapt_length,fdapt_vocab)")
     parser.add_argument("--abstracts", type=int, help="training abstracts in all (default: the recipe's)")
     parser.add_argument("--pairs", type=int, default=4, help="timed FDAPT/FFDAPT round pairs per setting")
     parser.add_argument("--data-dir", help="dataset directory (default: as fedlm run finds it)")
@@ -211,9 +247,12 @@ def main() -> None:
           f"batch {base.train.batch_size}, {base.train.local_epochs} local epoch(s) per round; {args.pairs} ABBA "
           f"pairs after a warm-up round; {torch.get_num_threads()} thread(s); load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
-    results = [bench_setting(recipe, int(c), args.abstracts, args.pairs, data_dir) for c in args.clients.split(",")]
+    results = [bench_setting(recipe, int(c), kind, args.abstracts, args.pairs, data_dir)
+               for c in args.clients.split(",") for kind in args.partitions.split(",")]
     for result in results:
         report(result)
+    if len(results) > 1:
+        average(results)
     print(f"\ntotal {time.perf_counter() - began:.0f} s; load average now {os.getloadavg()[0]:.1f}")
 
 
