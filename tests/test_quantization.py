@@ -71,6 +71,23 @@ def test_a_4bit_base_trains_its_adapter_sends_only_that_and_resumes_bitwise(tmp_
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_an_evaluation_does_not_stop_the_4bit_base_passing_gradients(tmp_path, tiny_csv, llama_checkpoint, one_thread):
+    """bitsandbytes repacks a 4-bit weight for a faster CPU kernel on the first eval-mode forward without gradients
+    (AVX512-BF16 CPUs), and that kernel has no backward to its input: after round 0's evaluation the adapters
+    below the last 4-bit layer would stop learning. The first block's LoRA must still get gradients."""
+    prep = prepare(validate(_raw(tmp_path, tiny_csv, llama_checkpoint, quantization={"bits": 4})), tiny_csv)
+    model, batch = prep.model, prep.task.collate(prep.client_train[0][:4], torch.Generator().manual_seed(0))
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    model.train()
+    model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels")}).loss.backward()
+    attention = model.model.layers[0].self_attn
+    assert not getattr(attention.q_proj.base_layer.weight.quant_state, "packing_format_for_cpu", False)
+    for lora in (attention.q_proj, attention.v_proj):  # lora_B starts at 0, so it is B that gets the first gradient
+        assert lora.lora_B["default"].weight.grad.abs().sum() > 0
+
+
 def test_a_4bit_trunk_trains_its_adapters_as_the_unsplit_model_does(tmp_path, tiny_csv, llama_checkpoint, one_thread):
     """FL-GLM's server holds the big model: a split cut of the 4-bit base gives the unsplit loss and gradients,
     and a split run trains with its trunk's blocks 4-bit."""

@@ -46,7 +46,7 @@ from fedlm.models.presets import (
     is_encoder_decoder_family,
     preset_config_kwargs,
 )
-from fedlm.models.quantization import bnb_config
+from fedlm.models.quantization import bnb_config, keep_trainable_layout
 from fedlm.models.tokenizers import RECIPE_VERSION, recipe_for, train_tokenizer
 
 if TYPE_CHECKING:
@@ -346,6 +346,8 @@ def _from_checkpoint(
         raise UserError(f"bitsandbytes cannot quantize this {family} checkpoint ({reason}): drop "
                         "model.quantization or use another family") from None
     report_new_parameters(model, task, loading["missing_keys"])
+    if loading_kwargs:
+        keep_trainable_layout(model)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         if loading_kwargs:
             raise UserError(f"the tokenizer has {len(tokenizer)} tokens, more than the quantized checkpoint's "

@@ -49,6 +49,17 @@ def bnb_config(quantization: QuantizationConfig) -> BitsAndBytesConfig:
                               llm_int8_skip_modules=HEAD_MODULES)
 
 
+def keep_trainable_layout(model: torch.nn.Module) -> None:
+    """Stop bitsandbytes from repacking 4-bit weights for CPU inference. On a CPU with AVX512-BF16 (0.50), the
+    first forward in eval mode without gradients (fedlm's round-0 evaluation) repacks each weight in place for a
+    faster kernel whose matmul has no backward to its input, so from then on no gradient reaches the adapters
+    below the last 4-bit layer: the run goes on, its adapters barely train, and a resumed run (which skips that
+    evaluation) trains differently. Keeping the training layout costs the faster CPU inference only."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
 def is_quantized(model: torch.nn.Module) -> bool:
     """Whether ``model`` holds bitsandbytes layers (it cannot be moved with ``.to`` nor trained in full)."""
     return bool(getattr(model, "is_quantized", False) or getattr(model, "is_loaded_in_4bit", False)
