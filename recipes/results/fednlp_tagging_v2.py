@@ -23,9 +23,9 @@ from pathlib import Path
 import matplotlib
 import yaml
 from fednlp_20news_table import roughness
-from fedsplitbert_long import interval
+from fedsplitbert_long import interval, verdict
+from fedsplitbert_targets import stats
 
-from fedlm.metrics import mean_interval
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import best_validation_round, metric_series
 from fedlm.run.seeds import equivalence
@@ -80,13 +80,6 @@ def choose(roots: list[Path]) -> None:
         print(f"- {family}: {rows[best][1]}, val F1 {rows[best][2]['val']:.3f}{edge}")
 
 
-def _summary(values: list[float]) -> str:
-    mean, sd, half = mean_interval(values)
-    if len(values) < 2:
-        return f"{mean:.3f} (1 seed)"
-    return f"{mean:.3f} ± {sd:.3f} [{mean - half:.3f}, {mean + half:.3f}] ({len(values)})"
-
-
 def _paired(a: dict[int, dict], b: dict[int, dict], key: str = "test") -> list[float]:
     return [a[s][key] - b[s][key] for s in sorted(a.keys() & b.keys())]
 
@@ -109,7 +102,7 @@ def compare(roots: list[Path], plot: Path | None) -> None:
                 continue
             tests = [seeds[s]["test"] for s in sorted(seeds)]
             rough = [seeds[s]["roughness"] for s in sorted(seeds)]
-            print(f"| {part} | {label} | {_summary([seeds[s]['start'] for s in sorted(seeds)])} | {_summary(tests)} "
+            print(f"| {part} | {label} | {stats([seeds[s]['start'] for s in sorted(seeds)])} | {stats(tests)} "
                   f"| {', '.join(str(seeds[s]['round']) for s in sorted(seeds))} | "
                   f"{sum(rough) / len(rough):.3f} |")
     uniform = {family: runs.get(("iid", label), {}) for family, label in methods.items()}
@@ -122,8 +115,7 @@ def compare(roots: list[Path], plot: Path | None) -> None:
         get = {family: runs.get((part, label), {}) for family, label in methods.items()}
         for other in ("FedAvg", "FedProx"):
             text, word = interval(_paired(get["FedOpt"], get[other]))
-            rule = {"above 0": "holds", "covers 0": "within noise", "below 0": "does not hold here"}.get(word, word)
-            print(f"| T1 FedOpt - {other} | {part} | {text} | {rule if learns else 'not measurable'} |")
+            print(f"| T1 FedOpt - {other} | {part} | {text} | {verdict(word, learns)} |")
         eq = equivalence(_paired(get["FedProx"], get["FedAvg"]), PROX_BAND)
         print(f"| T2 FedProx ~ FedAvg (band {PROX_BAND}) | {part} | {eq.text(3)} | "
               f"{({'equivalent': 'holds', 'differs': 'does not hold here'}.get(eq.verdict, eq.verdict))} |")
