@@ -3,6 +3,10 @@ rules fixed in the recipe's header before the runs.
 
     .venv/bin/python recipes/results/fednlp_tagging_v2.py choose runs/fednlp-tagging-v2-lr [MORE_ROOTS ...]
     .venv/bin/python recipes/results/fednlp_tagging_v2.py compare runs/fednlp-tagging-v2 [--plot out.png]
+    .venv/bin/python recipes/results/fednlp_tagging_v2.py choose --metric accuracy runs/fednlp-20news-lr
+
+The 20news rerun's phase 1 (recipes/fednlp-20news.yaml's header: the same rule, on validation accuracy) is chosen
+with ``--metric accuracy``, its grid's labels written as this script's families are.
 
 ``choose`` (phase 1) prints, per method family (FedAvg's SGD lr, FedOpt's AdamW lr, FedProx's mu), every grid
 value's selected round, validation F1 and test F1, and the choice: the highest validation F1, flagged when it sits
@@ -40,31 +44,32 @@ FAMILIES = {"FedAvg": re.compile(r"^FedAvg sgd (\S+)$"), "FedOpt": re.compile(r"
             "FedProx": re.compile(r"^FedProx mu (\S+)$")}
 
 
-def load(roots: list[Path]) -> dict[tuple[str, str], dict[int, dict]]:
+def load(roots: list[Path], metric: str = METRIC) -> dict[tuple[str, str], dict[int, dict]]:
     """(partition kind, method label) -> seed -> {'start', 'test', 'val', 'round', 'curve'} of each finished run
     (the test F1 at the round with the best validation F1, the header's selection)."""
     runs: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
     for path in sorted(p for root in roots for p in root.rglob("metrics.jsonl")):
         config = yaml.safe_load((path.parent / "config.yaml").read_text())
         records = read_metrics(path.parent)
-        rounds, test = metric_series(records, f"test_{METRIC}")
+        rounds, test = metric_series(records, f"test_{metric}")
         if not rounds or rounds[-1] < config["protocol"]["rounds"]:
             continue  # unfinished
-        picked = best_validation_round(records, METRIC, "max")
+        picked = best_validation_round(records, metric, "max")
         if picked is None:
-            raise SystemExit(f"{path}: no val_{METRIC}; these runs need a validation split")
+            raise SystemExit(f"{path}: no val_{metric}; these runs need a validation split")
         curve = dict(zip(rounds, test, strict=True))
         label = config["tags"]["method"]
         runs[(config["partition"]["kind"], label)][config["seed"]] = {
             "start": curve[0], "test": curve[picked[0]], "val": picked[1], "round": picked[0], "curve": curve,
-            "roughness": roughness(records, f"test_{METRIC}")}
+            "roughness": roughness(records, f"test_{metric}")}
     return runs
 
 
-def choose(roots: list[Path]) -> None:
-    """Phase 1's table and choice per family (seed 0, one partition)."""
-    runs = load(roots)
-    print("| method | selected round | val F1 | test F1 |\n|---|---:|---:|---:|")
+def choose(roots: list[Path], metric: str = METRIC) -> None:
+    """Phase 1's table and choice per family (seed 0, one partition), on validation ``metric``."""
+    runs = load(roots, metric)
+    name = "F1" if metric == "f1" else metric
+    print(f"| method | selected round | val {name} | test {name} |\n|---|---:|---:|---:|")
     by_family: dict[str, list[tuple[float, str, dict]]] = defaultdict(list)
     for (_, label), seeds in sorted(runs.items()):
         run = seeds[min(seeds)]
@@ -77,7 +82,7 @@ def choose(roots: list[Path]) -> None:
         rows.sort(key=lambda row: row[0])
         best = max(range(len(rows)), key=lambda i: (rows[i][2]["val"], -i))  # the first of equals
         edge = " (at the grid's edge: extend it)" if best in (0, len(rows) - 1) and len(rows) > 1 else ""
-        print(f"- {family}: {rows[best][1]}, val F1 {rows[best][2]['val']:.3f}{edge}")
+        print(f"- {family}: {rows[best][1]}, val {name} {rows[best][2]['val']:.3f}{edge}")
 
 
 def _paired(a: dict[int, dict], b: dict[int, dict], key: str = "test") -> list[float]:
@@ -158,8 +163,9 @@ def main() -> None:
     parser.add_argument("phase", choices=["choose", "compare"])
     parser.add_argument("roots", type=Path, nargs="+")
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--metric", default=METRIC, help="choose on val_METRIC (default f1; 20news: accuracy)")
     args = parser.parse_args()
-    choose(args.roots) if args.phase == "choose" else compare(args.roots, args.plot)
+    choose(args.roots, args.metric) if args.phase == "choose" else compare(args.roots, args.plot)
 
 
 if __name__ == "__main__":
