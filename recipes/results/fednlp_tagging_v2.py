@@ -24,18 +24,14 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
 import yaml
-from fednlp_20news_table import roughness
+from fednlp_20news_table import plot_panels, roughness
 from fedsplitbert_long import interval, verdict
 from fedsplitbert_targets import stats
 
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import best_validation_round, metric_series
 from fedlm.run.seeds import equivalence
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 METRIC = "f1"
 LEARNS = 0.1  # the precondition: test F1 at the selected round above round 0's by this much in every seed
@@ -139,23 +135,13 @@ def compare(roots: list[Path], plot: Path | None) -> None:
 
 
 def _plot(runs: dict, partitions: list[str], methods: dict[str, str], out: Path) -> None:
-    fig, axes = plt.subplots(1, len(partitions), figsize=(5.5 * len(partitions), 4), sharey=True, squeeze=False)
-    for ax, part in zip(axes[0], partitions, strict=True):
-        for i, label in enumerate(methods.values()):
-            seeds = runs.get((part, label), {})
-            color = f"C{i}"
-            for n, seed in enumerate(sorted(seeds)):
-                curve = seeds[seed]["curve"]
-                ax.plot(list(curve), list(curve.values()), color=color, alpha=0.8,
-                        label=label if n == 0 else None)
-        ax.set_title(f"CoNLL-2003, {part} partition")
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test entity F1")
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    print(f"\nwrote {out}")
+    def curves(part: str, label: str) -> list[dict[int, float]]:
+        seeds = runs.get((part, label), {})
+        return [seeds[seed]["curve"] for seed in sorted(seeds)]
+
+    panels = [(f"CoNLL-2003, {part} partition", {label: curves(part, label) for label in methods.values()})
+              for part in partitions]
+    plot_panels(panels, "test entity F1", out)
 
 
 def main() -> None:

@@ -51,13 +51,13 @@ def differences(runs: dict, a: str, b: str | None) -> list[float]:
     return out
 
 
-def interval(diffs: list[float]) -> tuple[str, str]:
+def interval(diffs: list[float], digits: int = 3) -> tuple[str, str]:
     """'mean [low, high] (n seeds)' and the difference rule's word: above 0, below 0, or within noise."""
     if len(diffs) < 2:
-        return ("not run" if not diffs else f"{diffs[0]:+.3f} (1 seed)"), "not measurable"
+        return ("not run" if not diffs else f"{diffs[0]:+.{digits}f} (1 seed)"), "not measurable"
     mean, _, half = mean_interval(diffs)
     word = "above 0" if mean - half > 0 else "below 0" if mean + half < 0 else "covers 0"
-    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] ({len(diffs)} seeds)", word
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}] ({len(diffs)} seeds)", word
 
 
 def verdict(word: str, precondition: bool = True) -> str:

@@ -1,0 +1,211 @@
+"""FedBERT Table 8 redone (recipes/fedbert-gpt2-v2.yaml, issue 36 item 2): every number and verdict its section of
+fedbert.md quotes, computed from the run directories by the rules fixed in the recipe's header before the runs.
+
+    .venv/bin/python recipes/results/fedbert_gpt2_v2.py runs/fedbert-gpt2-v2 [--plot fedbert-gpt2-v2.png]
+
+Prints the table (per setting: test perplexity at round 0 and after the last round, mean ± sd [95% t-interval]
+over seeds, each seed's, the per-round curve of seed means, the examples its trained model went through, MB per
+client per round), then T1-T6 as same-seed differences of the final perplexity with their 95% t-intervals. The
+equivalence claims (T1, T3, T4) use two one-sided tests against the header's band: "holds" only when the whole
+interval lies inside it. Single client is scored as the mean of the five clients' own models on the shared test
+split.
+``--plot``: perplexity per round (log scale), each setting's seed mean with its seeds' range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import matplotlib
+import yaml
+from fedsplitbert_long import interval
+from matplotlib.ticker import MaxNLocator
+
+from fedlm.run.recorder import read_metrics, slug
+from fedlm.run.seeds import SeedStats, equivalence
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+START, CENTRAL, SINGLE = "start (untrained)", "Centralized", "Single client (Centralized's steps)"
+FEDAVG1, FEDAVG5 = "FedAvg-1 (average every epoch)", "FedAvg-5 (average every 5 epochs)"
+SHARE, EMDAVG, HEADEMD = "Head-Emd Share carry", "EmdAvg carry", "Head-Emd Avg carry"
+SETTINGS = [START, CENTRAL, SINGLE, FEDAVG1, FEDAVG5, SHARE, EMDAVG, HEADEMD]
+FEDERATED = [FEDAVG1, FEDAVG5, SHARE, EMDAVG, HEADEMD]
+BAND = 10.0  # perplexity; the header's equivalence band, fixed 2026-11-28 04:57 UTC
+
+
+def perplexity(record: dict) -> float:
+    """The shared-test perplexity: the global model's, or the mean over the clients' own models."""
+    return record.get("test_perplexity", record.get("test_perplexity_mean"))
+
+
+def load(root: Path) -> tuple[dict[str, dict[int, list[dict]]], dict[str, float]]:
+    """setting -> seed -> metric records of every finished run under the grid directory ``root``; and setting ->
+    examples its trained model went through (the seed mean, epochs counted): one client's share for FedAvg's
+    clients and Single client, the whole set for Centralized and for a split run's trunk, which takes a step on
+    every client's batches."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    seen: dict[str, list[float]] = {}
+    for name in SETTINGS:
+        label = name if name in (START, CENTRAL, SINGLE) else f"method={name}"
+        pattern = re.compile(re.escape(slug(label)) + r"_seed=(-?\d+)$")
+        for run_dir in sorted(root.iterdir()):
+            match = pattern.fullmatch(run_dir.name)
+            if not match or not (run_dir / "summary.md").is_file():
+                continue
+            records = runs.setdefault(name, {})[int(match.group(1))] = read_metrics(run_dir)
+            config = yaml.safe_load((run_dir / "config.yaml").read_text())
+            shared = bool(config.get("split"))
+            seen.setdefault(name, []).append(sum(
+                r.get("train_examples", 0) * config["train"]["local_epochs"]
+                / (1 if shared else max(len(r.get("clients") or []), 1)) for r in records[1:]))
+    return runs, {name: sum(v) / len(v) for name, v in seen.items()}
+
+
+def final(records: list[dict]) -> float:
+    return perplexity(records[-1])
+
+
+def paired(runs: dict, a: str, b: str) -> list[float]:
+    """final(a) - final(b) for every seed both settings have."""
+    left, right = runs.get(a, {}), runs.get(b, {})
+    return [final(left[s]) - final(right[s]) for s in sorted(left) if s in right]
+
+
+def traffic(records: list[list[dict]]) -> str:
+    """MB up / down per client per round (parameters and boundary messages), mean over rounds and seeds."""
+    ups, downs = [], []
+    for recs in records:
+        for r in recs[1:]:
+            if r.get("bytes_up"):
+                clients = max(len(r["clients"]), 1)
+                ups.append(r["bytes_up"] / clients / 1e6)
+                downs.append(r["bytes_down"] / clients / 1e6)
+    return f"{sum(ups) / len(ups):.1f} / {sum(downs) / len(downs):.1f}" if ups else "-"
+
+
+def table(runs: dict, seen: dict[str, float]) -> None:
+    print("| setting | start -> final test perplexity, mean ± sd (seeds) [95% interval] | final per seed "
+          "| per round (seed mean) | examples through the trained model (trunk) | MB up / down per client per round |")
+    print("|---|---|---|---|---:|---|")
+    for name in SETTINGS:
+        seeds = runs.get(name)
+        if not seeds:
+            print(f"| {name} | not run | | | | |")
+            continue
+        records = [seeds[s] for s in sorted(seeds)]
+        starts = SeedStats(tuple(perplexity(r[0]) for r in records))
+        ends = SeedStats(tuple(final(r) for r in records))
+        rounds = min(len(r) for r in records)
+        curve = " / ".join(f"{SeedStats(tuple(perplexity(r[i]) for r in records)).mean:.1f}" for i in range(1, rounds))
+        print(f"| {name} | {starts.mean:.0f} -> {ends.fixed(1, interval=True)} | "
+              f"{', '.join(f'{final(r):.1f}' for r in records)} | {curve or '-'} | "
+              f"{seen[name]:.0f} | {traffic(records)} |")
+
+
+def side(word: str, wanted: str) -> str:
+    opposite = {"above 0": "below 0", "below 0": "above 0"}[wanted]
+    return {wanted: "holds", opposite: "does not hold here", "covers 0": "within noise"}.get(word, word)
+
+
+def tost(runs: dict, a: str, b: str) -> tuple[str, str]:
+    found = equivalence(paired(runs, a, b), BAND)
+    word = {"equivalent": "holds", "differs": "does not hold here"}.get(found.verdict, found.verdict)
+    return found.text(1), word
+
+
+def claims(runs: dict) -> None:
+    print("\n| claim | difference of final perplexity [95% interval] | verdict |\n|---|---|---|")
+    text, word = tost(runs, SHARE, CENTRAL)
+    print(f"| T1 Head-Emd Share ~ Centralized: Share carry - Centralized | {text} | {word} |")
+    diffs = paired(runs, SHARE, CENTRAL)
+    if len(diffs) > 1:
+        no_worse = equivalence(diffs, BAND).interval
+        below = no_worse is not None and no_worse[1] < BAND
+        print(f"| T1' Share no worse than Centralized (interval below +{BAND:g}) | | "
+              f"{'holds' if below else 'does not hold here'} |")
+    t2 = fedavg5_diverges(runs)
+    print(f"| T2 FedAvg diverges at the paper's averaging period (FedAvg-5, every seed) | {t2[0]} | {t2[1]} |")
+    text, _ = interval(paired(runs, FEDAVG5, FEDAVG1), 1)
+    print(f"| T2 beside it: FedAvg-5 - FedAvg-1 | {text} | (reported) |")
+    text, word = tost(runs, EMDAVG, HEADEMD)
+    print(f"| T3 EmdAvg ~ Head-Emd Avg | {text} | {word} |")
+    text, word = tost(runs, SINGLE, EMDAVG)
+    print(f"| T4 Single client (Centralized's steps) ~ EmdAvg | {text} | {word} |")
+    text, word = interval(paired(runs, SINGLE, HEADEMD), 1)
+    print(f"| T4 Single client better than Head-Emd Avg: Single - Head-Emd Avg below 0 | {text} "
+          f"| {side(word, 'below 0')} |")
+    for method in FEDERATED:
+        if method == SHARE:
+            continue
+        text, word = interval(paired(runs, method, CENTRAL), 1)
+        print(f"| T5 Centralized beats {short(method)}: {short(method)} - Centralized above 0 | {text} "
+              f"| {side(word, 'above 0')} |")
+    for method in FEDERATED:
+        text, word = interval(paired(runs, method, SINGLE), 1)
+        print(f"| T6 {short(method)} beats Single client: {short(method)} - Single below 0 | {text} "
+              f"| {side(word, 'below 0')} |")
+
+
+def short(name: str) -> str:
+    """A setting's name without its parenthesised gloss (FedAvg-5, not FedAvg-5 (average every 5 epochs))."""
+    return name.split(" (")[0]
+
+
+def fedavg5_diverges(runs: dict) -> tuple[str, str]:
+    """T2's rule: FedAvg-5 above the untrained start in every seed holds; below 2x Centralized in every seed does
+    not hold; anything else is reported as it is."""
+    fedavg5, start, central = runs.get(FEDAVG5, {}), runs.get(START, {}), runs.get(CENTRAL, {})
+    seeds = sorted(s for s in fedavg5 if s in start and s in central)
+    if not seeds:
+        return "not run", "not measurable"
+    values = ", ".join(f"{final(fedavg5[s]):.1f} (start {final(start[s]):.0f}, 2 x Centralized "
+                       f"{2 * final(central[s]):.1f})" for s in seeds)
+    if all(final(fedavg5[s]) > final(start[s]) for s in seeds):
+        return values, "holds"
+    if all(final(fedavg5[s]) < 2 * final(central[s]) for s in seeds):
+        return values, "does not hold here"
+    return values, "neither (reported as is)"
+
+
+def plot(runs: dict, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, name in enumerate(SETTINGS):
+        seeds = runs.get(name)
+        if not seeds or name == START:
+            continue
+        records = [seeds[s] for s in sorted(seeds)]
+        rounds = min(len(r) for r in records)
+        values = [[perplexity(r[i]) for r in records] for i in range(rounds)]
+        means = [sum(v) / len(v) for v in values]
+        ax.plot(range(rounds), means, color=f"C{i}", label=name, marker="o", markersize=3)
+        ax.fill_between(range(rounds), [min(v) for v in values], [max(v) for v in values], color=f"C{i}", alpha=0.15)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("test perplexity (WikiText-2)")
+    ax.set_title("FedBERT Table 8 redone: GPT-2 4x128, 5 IID clients (seed mean, range)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"\nwrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="the grid directory (runs/fedbert-gpt2-v2)")
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    runs, seen = load(args.root)
+    table(runs, seen)
+    claims(runs)
+    if args.plot:
+        plot(runs, args.plot)
+
+
+if __name__ == "__main__":
+    main()
