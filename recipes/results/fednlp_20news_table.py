@@ -169,17 +169,21 @@ def plot(runs: dict, partitions: list[tuple[str, str]], out: Path) -> None:
 
 
 def plot_panels(panels: list[tuple[str, dict[str, list[dict[int, float]]]]], ylabel: str, out: Path) -> None:
-    """One panel per (title, method -> one curve (round -> value) per seed), side by side, a colour per method
+    """One panel per (title, method -> one curve (round -> value) per seed), two to a row, a colour per method
     (the same in every panel); fednlp_tagging_v2.py draws its figure with it too."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), sharey=True, squeeze=False)
-    for ax, (title, methods) in zip(axes[0], panels, strict=True):
+    rows, columns = (len(panels) + 1) // 2, min(len(panels), 2)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (title, methods) in zip(axes.flat, panels, strict=False):
         for i, (method, curves) in enumerate(methods.items()):
             for n, curve in enumerate(curves):
                 ax.plot(list(curve), list(curve.values()), color=f"C{i}", alpha=0.8, label=method if n == 0 else None)
         ax.set_title(title)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
+    for row in axes:
+        row[0].set_ylabel(ylabel)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
