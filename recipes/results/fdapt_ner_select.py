@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import matplotlib
 import yaml
-from fedsplitbert_long import interval
-from matplotlib.ticker import MaxNLocator
+from fednlp_20news_table import plot_panels
+from fedsplitbert_long import equivalence_verdict, interval, verdict
 
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import best_validation_round, metric_series
 from fedlm.run.seeds import SeedStats, equivalence
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 ORIGINAL, CENTRAL, FDAPT = "original model", "centralized DAPT", "FDAPT 2 clients iid"
 MODELS = [ORIGINAL, CENTRAL, FDAPT]
@@ -71,37 +67,28 @@ def table(runs: dict) -> None:
 
 
 def verdicts(runs: dict) -> None:
-    original = [r["test"] for r in runs.get(ORIGINAL, {}).values()]
-    measurable = len(original) > 1 and T0_RANGE[0] < sum(original) / len(original) < T0_RANGE[1]
-    mean = f"{sum(original) / len(original):.3f}" if original else "not run"
+    original = SeedStats(tuple(r["test"] for r in runs.get(ORIGINAL, {}).values()))
+    measurable = original.n > 1 and T0_RANGE[0] < original.mean < T0_RANGE[1]
+    mean = f"{original.mean:.3f}" if original.n else "not run"
     print(f"\n| claim | difference of test F1 [95% interval] | verdict |\n|---|---|---|\n"
           f"| T0 the original model's F1 lies in {T0_RANGE} | {mean} | {'holds' if measurable else 'fails'} |")
     for model in (CENTRAL, FDAPT):
         text, word = interval(paired(runs, model, ORIGINAL))
-        rule = {"above 0": "holds", "covers 0": "within noise", "below 0": "does not hold here"}.get(word, word)
-        print(f"| T3 {model} beats the original | {text} | {rule if measurable else 'not measurable here (T0)'} |")
+        print(f"| T3 {model} beats the original | {text} "
+              f"| {verdict(word) if measurable else 'not measurable here (T0)'} |")
     found = equivalence(paired(runs, FDAPT, CENTRAL), T2_BAND)
-    word = {"equivalent": "holds", "differs": "does not hold here"}.get(found.verdict, found.verdict)
     print(f"| T2 FDAPT close to centralized DAPT (band ±{T2_BAND}) | {found.text(3)} "
-          f"| {word if measurable else 'not measurable here (T0)'} |")
+          f"| {equivalence_verdict(found) if measurable else 'not measurable here (T0)'} |")
 
 
 def plot(runs: dict, out: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, key, title in ((axes[0], "curve", "test"), (axes[1], "dev_curve", "development")):
-        for i, model in enumerate(MODELS):
-            for n, seed in enumerate(sorted(runs.get(model, {}))):
-                curve = runs[model][seed][key]
-                ax.plot(list(curve), list(curve.values()), color=f"C{i}", alpha=0.8, label=model if n == 0 else None)
-        ax.set_title(f"NCBI-disease, {title} entity F1 per epoch")
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("entity F1")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    print(f"\nwrote {out}")
+    def curves(model: str, key: str) -> list[dict[int, float]]:
+        seeds = runs.get(model, {})
+        return [seeds[seed][key] for seed in sorted(seeds)]
+
+    panels = [(f"NCBI-disease, {title} entity F1 per epoch", {model: curves(model, key) for model in MODELS})
+              for key, title in (("curve", "test"), ("dev_curve", "development"))]
+    plot_panels(panels, "entity F1", out, xlabel="epoch")
 
 
 def main() -> None:

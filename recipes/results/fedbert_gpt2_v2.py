@@ -15,15 +15,15 @@ split.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import matplotlib
 import yaml
-from fedsplitbert_long import interval
+from fedbert_tables import perplexity, seed_dirs, traffic
+from fedsplitbert_long import equivalence_verdict, interval, verdict
 from matplotlib.ticker import MaxNLocator
 
-from fedlm.run.recorder import read_metrics, slug
+from fedlm.run.recorder import read_metrics
 from fedlm.run.seeds import SeedStats, equivalence
 
 matplotlib.use("Agg")
@@ -37,11 +37,6 @@ FEDERATED = [FEDAVG1, FEDAVG5, SHARE, EMDAVG, HEADEMD]
 BAND = 10.0  # perplexity; the header's equivalence band, fixed 2026-11-28 04:57 UTC
 
 
-def perplexity(record: dict) -> float:
-    """The shared-test perplexity: the global model's, or the mean over the clients' own models."""
-    return record.get("test_perplexity", record.get("test_perplexity_mean"))
-
-
 def load(root: Path) -> tuple[dict[str, dict[int, list[dict]]], dict[str, float]]:
     """setting -> seed -> metric records of every finished run under the grid directory ``root``; and setting ->
     examples its trained model went through (the seed mean, epochs counted): one client's share for FedAvg's
@@ -51,13 +46,9 @@ def load(root: Path) -> tuple[dict[str, dict[int, list[dict]]], dict[str, float]
     seen: dict[str, list[float]] = {}
     for name in SETTINGS:
         label = name if name in (START, CENTRAL, SINGLE) else f"method={name}"
-        pattern = re.compile(re.escape(slug(label)) + r"_seed=(-?\d+)$")
-        for run_dir in sorted(root.iterdir()):
-            match = pattern.fullmatch(run_dir.name)
-            if not match or not (run_dir / "summary.md").is_file():
-                continue
-            records = runs.setdefault(name, {})[int(match.group(1))] = read_metrics(run_dir)
+        for run_dir in seed_dirs([root], label):
             config = yaml.safe_load((run_dir / "config.yaml").read_text())
+            records = runs.setdefault(name, {})[int(config["seed"])] = read_metrics(run_dir)
             shared = bool(config.get("split"))
             seen.setdefault(name, []).append(sum(
                 r.get("train_examples", 0) * config["train"]["local_epochs"]
@@ -73,18 +64,6 @@ def paired(runs: dict, a: str, b: str) -> list[float]:
     """final(a) - final(b) for every seed both settings have."""
     left, right = runs.get(a, {}), runs.get(b, {})
     return [final(left[s]) - final(right[s]) for s in sorted(left) if s in right]
-
-
-def traffic(records: list[list[dict]]) -> str:
-    """MB up / down per client per round (parameters and boundary messages), mean over rounds and seeds."""
-    ups, downs = [], []
-    for recs in records:
-        for r in recs[1:]:
-            if r.get("bytes_up"):
-                clients = max(len(r["clients"]), 1)
-                ups.append(r["bytes_up"] / clients / 1e6)
-                downs.append(r["bytes_down"] / clients / 1e6)
-    return f"{sum(ups) / len(ups):.1f} / {sum(downs) / len(downs):.1f}" if ups else "-"
 
 
 def table(runs: dict, seen: dict[str, float]) -> None:
@@ -106,48 +85,35 @@ def table(runs: dict, seen: dict[str, float]) -> None:
               f"{seen[name]:.0f} | {traffic(records)} |")
 
 
-def side(word: str, wanted: str) -> str:
-    opposite = {"above 0": "below 0", "below 0": "above 0"}[wanted]
-    return {wanted: "holds", opposite: "does not hold here", "covers 0": "within noise"}.get(word, word)
-
-
-def tost(runs: dict, a: str, b: str) -> tuple[str, str]:
-    found = equivalence(paired(runs, a, b), BAND)
-    word = {"equivalent": "holds", "differs": "does not hold here"}.get(found.verdict, found.verdict)
-    return found.text(1), word
-
-
 def claims(runs: dict) -> None:
     print("\n| claim | difference of final perplexity [95% interval] | verdict |\n|---|---|---|")
-    text, word = tost(runs, SHARE, CENTRAL)
-    print(f"| T1 Head-Emd Share ~ Centralized: Share carry - Centralized | {text} | {word} |")
-    diffs = paired(runs, SHARE, CENTRAL)
-    if len(diffs) > 1:
-        no_worse = equivalence(diffs, BAND).interval
-        below = no_worse is not None and no_worse[1] < BAND
+    share = equivalence(paired(runs, SHARE, CENTRAL), BAND)
+    print(f"| T1 Head-Emd Share ~ Centralized: Share carry - Centralized | {share.text(1)} "
+          f"| {equivalence_verdict(share)} |")
+    if share.interval is not None:
         print(f"| T1' Share no worse than Centralized (interval below +{BAND:g}) | | "
-              f"{'holds' if below else 'does not hold here'} |")
+              f"{'holds' if share.interval[1] < BAND else 'does not hold here'} |")
     t2 = fedavg5_diverges(runs)
     print(f"| T2 FedAvg diverges at the paper's averaging period (FedAvg-5, every seed) | {t2[0]} | {t2[1]} |")
     text, _ = interval(paired(runs, FEDAVG5, FEDAVG1), 1)
     print(f"| T2 beside it: FedAvg-5 - FedAvg-1 | {text} | (reported) |")
-    text, word = tost(runs, EMDAVG, HEADEMD)
-    print(f"| T3 EmdAvg ~ Head-Emd Avg | {text} | {word} |")
-    text, word = tost(runs, SINGLE, EMDAVG)
-    print(f"| T4 Single client (Centralized's steps) ~ EmdAvg | {text} | {word} |")
+    found = equivalence(paired(runs, EMDAVG, HEADEMD), BAND)
+    print(f"| T3 EmdAvg ~ Head-Emd Avg | {found.text(1)} | {equivalence_verdict(found)} |")
+    found = equivalence(paired(runs, SINGLE, EMDAVG), BAND)
+    print(f"| T4 Single client (Centralized's steps) ~ EmdAvg | {found.text(1)} | {equivalence_verdict(found)} |")
     text, word = interval(paired(runs, SINGLE, HEADEMD), 1)
     print(f"| T4 Single client better than Head-Emd Avg: Single - Head-Emd Avg below 0 | {text} "
-          f"| {side(word, 'below 0')} |")
+          f"| {verdict(word, wanted='below 0')} |")
     for method in FEDERATED:
         if method == SHARE:
             continue
         text, word = interval(paired(runs, method, CENTRAL), 1)
         print(f"| T5 Centralized beats {short(method)}: {short(method)} - Centralized above 0 | {text} "
-              f"| {side(word, 'above 0')} |")
+              f"| {verdict(word)} |")
     for method in FEDERATED:
         text, word = interval(paired(runs, method, SINGLE), 1)
         print(f"| T6 {short(method)} beats Single client: {short(method)} - Single below 0 | {text} "
-              f"| {side(word, 'below 0')} |")
+              f"| {verdict(word, wanted='below 0')} |")
 
 
 def short(name: str) -> str:

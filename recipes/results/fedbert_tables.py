@@ -61,11 +61,12 @@ def pm(values: list[float], digits: int) -> str:
     return stats(values).fixed(digits)
 
 
-def traffic(runs: list[Path]) -> str:
-    """MB up / down per client per round (parameters + boundary messages), mean over rounds and seeds."""
+def traffic(records: list[list[dict]]) -> str:
+    """MB up / down per client per round (parameters + boundary messages), mean over rounds and seeds; ``records``
+    holds each seed's metric records."""
     ups, downs = [], []
-    for run in runs:
-        trained = [r for r in read_metrics(run) if r["round"] > 0 and r.get("bytes_up")]
+    for run in records:
+        trained = [r for r in run if r["round"] > 0 and r.get("bytes_up")]
         for r in trained:
             clients = max(len(r["clients"]), 1)
             ups.append(r["bytes_up"] / clients / 1e6)
@@ -104,7 +105,7 @@ def main(roots: list[Path]) -> None:
             scores = [s[key] for s in (downstream_scores(r) for r in runs) if key in s]
             cells.append(pm(scores, 3) if scores else "-")
         print(f"| {name} | {trained} | {per_seed} | {curve or '-'} | " + " | ".join(cells) + (" | " if cells else "")
-              + f"{client_share(runs[0])} | {traffic(runs)} |")
+              + f"{client_share(runs[0])} | {traffic(records)} |")
     print()
     for note in spread_note:
         print(f"- {note}")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import matplotlib
 import yaml
-from fedsplitbert_long import interval
+from fedsplitbert_long import OTHER_SIDE, equivalence_verdict, interval
+from matplotlib.ticker import MaxNLocator
 
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import summarize
@@ -32,7 +33,6 @@ PARTITIONS = [("iid", "uniform"), ("alpha=1.0", "alpha = 1"), ("alpha=5.0", "alp
               ("beta=0.5", "quantity beta = 0.5")]
 METHODS = ["FedAvg", "FedProx", "FedOpt"]
 PROX_BAND = 0.02  # target 2's band for FedProx - FedAvg, fixed 2026-11-23 before the first runs
-OPPOSITE = {"above 0": "below 0", "below 0": "above 0"}
 
 
 def setting(run_dir: Path) -> tuple[str, str, int]:
@@ -59,7 +59,7 @@ def joint(words: list[str], wanted: str) -> str:
         return "not measurable (fewer than 2 seeds)"
     if all(word == wanted for word in words):
         return "holds"
-    return "does not hold here" if OPPOSITE[wanted] in words else "within noise"
+    return "does not hold here" if OTHER_SIDE[wanted] in words else "within noise"
 
 
 def main() -> None:
@@ -108,15 +108,13 @@ def main() -> None:
                  for m in METHODS]
         print(f"| {label} | " + " | ".join(cells) + " |")
     for method in METHODS:
-        skewed, uniform = runs.get(("alpha=1.0", method), {}), runs.get(("iid", method), {})
-        diffs = SeedStats(tuple(roughness(skewed[s]) - roughness(uniform[s]) for s in sorted(skewed) if s in uniform))
+        diffs = SeedStats(tuple(paired(runs.get(("alpha=1.0", method), {}), runs.get(("iid", method), {}), roughness)))
         print(f"  {method}: roughness alpha = 1 - uniform, paired by seed = {diffs.fixed(3, interval=True)}")
 
     print("\npaired by seed (same partition, same sampled clients):")
     for key, label in partitions:
         for a, b in (("FedOpt", "FedAvg"), ("FedProx", "FedAvg")):
-            left, right = runs.get((key, a), {}), runs.get((key, b), {})
-            diffs = SeedStats(tuple(final(left[s]) - final(right[s]) for s in sorted(left) if s in right))
+            diffs = SeedStats(tuple(paired(runs.get((key, a), {}), runs.get((key, b), {}), final)))
             print(f"  {label}: {a} - {b} = {diffs.fixed(3, interval=True)}")
     for method in METHODS:
         print(f"  {method}: uniform {stats('iid', method).fixed(3, interval=True)} vs alpha = 1 "
@@ -144,8 +142,8 @@ def verdicts(runs: dict, final, partitions: list[tuple[str, str]]) -> None:
         print(f"| **FedOpt best** | {label} | | | **{joint(words, 'above 0')}** |")
     for key, label in partitions:
         found = equivalence(paired(runs.get((key, "FedProx"), {}), runs.get((key, "FedAvg"), {}), final), PROX_BAND)
-        word = {"equivalent": "holds", "differs": "does not hold here"}.get(found.verdict, found.verdict)
-        print(f"| **FedProx like FedAvg** (band ±{PROX_BAND}) | {label} | {found.text(3)} | | **{word}** |")
+        print(f"| **FedProx like FedAvg** (band ±{PROX_BAND}) | {label} | {found.text(3)} | | "
+              f"**{equivalence_verdict(found)}** |")
     skewed = [(key, label) for key, label in partitions if key in ("alpha=1.0", "beta=0.5")]
     for method in METHODS:
         words = []
@@ -168,9 +166,10 @@ def plot(runs: dict, partitions: list[tuple[str, str]], out: Path) -> None:
     plot_panels(panels, "test accuracy", out)
 
 
-def plot_panels(panels: list[tuple[str, dict[str, list[dict[int, float]]]]], ylabel: str, out: Path) -> None:
+def plot_panels(panels: list[tuple[str, dict[str, list[dict[int, float]]]]], ylabel: str, out: Path,
+                xlabel: str = "round") -> None:
     """One panel per (title, method -> one curve (round -> value) per seed), two to a row, a colour per method
-    (the same in every panel); fednlp_tagging_v2.py draws its figure with it too."""
+    (the same in every panel); fednlp_tagging_v2.py and fdapt_ner_select.py draw their figures with it too."""
     rows, columns = (len(panels) + 1) // 2, min(len(panels), 2)
     fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), sharey=True, squeeze=False)
     for ax in axes.flat[len(panels):]:
@@ -180,7 +179,8 @@ def plot_panels(panels: list[tuple[str, dict[str, list[dict[int, float]]]]], yla
             for n, curve in enumerate(curves):
                 ax.plot(list(curve), list(curve.values()), color=f"C{i}", alpha=0.8, label=method if n == 0 else None)
         ax.set_title(title)
-        ax.set_xlabel("round")
+        ax.set_xlabel(xlabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     for row in axes:
         row[0].set_ylabel(ylabel)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 from fednlp_20news_table import plot_panels, roughness
-from fedsplitbert_long import interval, verdict
+from fedsplitbert_long import equivalence_verdict, interval, verdict
 from fedsplitbert_targets import stats
 
 from fedlm.run.recorder import read_metrics
@@ -119,11 +119,11 @@ def compare(roots: list[Path], plot: Path | None) -> None:
             print(f"| T1 FedOpt - {other} | {part} | {text} | {verdict(word, learns)} |")
         eq = equivalence(_paired(get["FedProx"], get["FedAvg"]), PROX_BAND)
         print(f"| T2 FedProx ~ FedAvg (band {PROX_BAND}) | {part} | {eq.text(3)} | "
-              f"{({'equivalent': 'holds', 'differs': 'does not hold here'}.get(eq.verdict, eq.verdict))} |")
+              f"{equivalence_verdict(eq)} |")
     for family, label in methods.items():
         for part in partitions[1:]:
             text, word = interval(_paired(runs.get((part, label), {}), runs.get(("iid", label), {})))
-            rule = {"below 0": "holds", "covers 0": "within noise", "above 0": "does not hold here"}.get(word, word)
+            rule = verdict(word, wanted="below 0")
             print(f"| T3 {part} - uniform costs {family} | {part} | {text} | {rule} |")
     print("\n| curve roughness, clustered - uniform (same seed) | difference [95% interval] |\n|---|---|")
     for family, label in methods.items():

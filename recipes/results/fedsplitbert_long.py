@@ -29,7 +29,7 @@ from fedsplitbert_targets import ACC, PRIOR, load, stats
 from fedlm.metrics import mean_interval
 from fedlm.run.recorder import read_metrics
 from fedlm.run.report import metric_series
-from fedlm.run.seeds import equivalence
+from fedlm.run.seeds import Equivalence, equivalence
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -37,6 +37,7 @@ import matplotlib.pyplot as plt
 C0, C3, C6 = "c=0 (isolated)", "c=3", "c=6 (FedAvg)"
 FEDPROX, FEDADAM, FP16 = "FedProx", "FedAdam", "c=3 fp16"
 FP16_BAND = 0.02
+OTHER_SIDE = {"above 0": "below 0", "below 0": "above 0"}
 
 
 def differences(runs: dict, a: str, b: str | None) -> list[float]:
@@ -60,10 +61,18 @@ def interval(diffs: list[float], digits: int = 3) -> tuple[str, str]:
     return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}] ({len(diffs)} seeds)", word
 
 
-def verdict(word: str, precondition: bool = True) -> str:
+def verdict(word: str, precondition: bool = True, wanted: str = "above 0") -> str:
+    """A one-sided claim's verdict from ``interval``'s word: holds when the interval lies on the ``wanted`` side of
+    0, does not hold on the other side, within noise when it covers 0."""
     if not precondition:
         return "not measurable here (precondition failed)"
-    return {"above 0": "holds", "below 0": "does not hold here", "covers 0": "within noise"}.get(word, word)
+    return {wanted: "holds", OTHER_SIDE[wanted]: "does not hold here", "covers 0": "within noise"}.get(word, word)
+
+
+def equivalence_verdict(found: Equivalence) -> str:
+    """An equivalence claim's verdict (two one-sided tests): holds only when the whole interval lies in the band."""
+    return {"equivalent": "holds", "differs": "does not hold here",
+            "not measurable": "not measurable here"}.get(found.verdict, found.verdict)
 
 
 def c_matters(runs: dict, one_example: float, precondition: bool) -> str:
@@ -142,9 +151,8 @@ def main() -> None:
     fp16 = differences(runs, FP16, C3)
     judged = equivalence(fp16, FP16_BAND)
     text, _ = interval(fp16)
-    words = {"equivalent": "holds", "differs": "does not hold here", "not measurable": "not measurable here"}
     print(f"| 16-bit keeps accuracy: c = 3 fp16 - c = 3 (equivalence, band ±{FP16_BAND}) | {text} | "
-          f"{'not run' if not fp16 else words.get(judged.verdict, judged.verdict)} |")
+          f"{'not run' if not fp16 else equivalence_verdict(judged)} |")
     examples = local_test_examples(args.roots, dataset)
     matters = c_matters(runs, 1 / examples, precondition)
     print(f"\nc matters at this length (one local-test example = 1/{examples}): {matters}")
