@@ -1,0 +1,126 @@
+"""The results scripts' verdict rules on hand-computed cases: the words a reproduction's md quotes come from these
+functions, so a wrong side, a lost precondition or a selection of the wrong epoch would change a paper's verdict
+without any run changing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+RESULTS = Path(__file__).resolve().parents[1] / "recipes" / "results"
+
+
+@pytest.fixture
+def scripts(monkeypatch: pytest.MonkeyPatch):
+    """The results scripts import each other by bare name, as they do when run from recipes/results."""
+    monkeypatch.syspath_prepend(str(RESULTS))
+    import fdapt_ner_select
+    import fednlp_20news_table
+    import fedsplitbert_long
+    return fedsplitbert_long, fednlp_20news_table, fdapt_ner_select
+
+
+def test_one_sided_verdicts_follow_the_interval_and_the_wanted_side(scripts) -> None:
+    long, _, _ = scripts
+    # mean 0.10, sd 0.02, t(0.975, 2) = 4.3027: half-width 0.0497
+    text, word = long.interval([0.10, 0.12, 0.08])
+    assert (text, word) == ("+0.100 [+0.050, +0.150] (3 seeds)", "above 0")
+    assert long.verdict(word) == "holds"
+    assert long.verdict(word, wanted="below 0") == "does not hold here"
+    assert long.verdict(long.interval([0.05, -0.03, 0.01])[1]) == "within noise"
+    assert long.interval([0.05]) == ("+0.050 (1 seed)", "not measurable")
+    assert long.verdict("above 0", precondition=False) == "not measurable here (precondition failed)"
+
+
+def test_equivalence_holds_only_inside_the_band(scripts) -> None:
+    long, _, _ = scripts
+    from fedlm.run.seeds import equivalence
+    # mean 0, sd 0.001: half-width 0.0025, inside a band of 0.015
+    assert long.equivalence_verdict(equivalence([0.001, -0.001, 0.0], 0.015)) == "holds"
+    # covers 0 but reaches past the band: no difference found, no equivalence shown
+    assert long.equivalence_verdict(equivalence([0.03, -0.03, 0.0], 0.015)) == "within noise"
+    assert long.equivalence_verdict(equivalence([0.05, 0.06, 0.04], 0.015)) == "does not hold here"
+    assert long.equivalence_verdict(equivalence([0.001], 0.015)) == "not measurable here"
+
+
+def test_joint_claims_and_curve_roughness(scripts) -> None:
+    _, news, _ = scripts
+    assert news.joint(["above 0", "above 0"], "above 0") == "holds"
+    assert news.joint(["above 0", "covers 0"], "above 0") == "within noise"
+    assert news.joint(["above 0", "below 0"], "above 0") == "does not hold here"
+    assert news.joint(["below 0", "not measurable"], "below 0") == "not measurable (fewer than 2 seeds)"
+    # round 0 (the start) is left out; the steps are +0.2, +0.1, +0.4: mean 0.2333, sample sd 0.15275
+    records = [{"round": r, "test_accuracy": a} for r, a in enumerate([0.9, 0.1, 0.3, 0.4, 0.8])]
+    records.insert(2, {"round": 1, "train_loss": 1.0})  # a record without the metric is skipped
+    assert news.roughness(records) == pytest.approx(0.152753, abs=1e-6)
+    assert news.paired({0: 3.0, 1: 5.0, 2: 1.0}, {0: 1.0, 2: 4.0}, float) == [2.0, -3.0]
+
+
+def _ner_run(root: Path, model: str, seed: int, picked: float) -> None:
+    """A finished fine-tuning run whose development F1 peaks at epoch 2, where its test F1 is ``picked``; the last
+    epoch's test F1 is lower, so scoring the last epoch instead of the selected one changes every number."""
+    run_dir = root / f"pretrained={model.replace(' ', '_')}_seed={seed}"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"tags": {"pretrained": model}, "seed": seed}))
+    (run_dir / "summary.md").write_text("done\n")
+    curve = [(0.0, 0.0), (0.4, picked - 0.1), (0.6, picked), (0.5, picked - 0.05)]  # (dev, test) per epoch
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": epoch, "val_f1": dev, "test_f1": test}) + "\n" for epoch, (dev, test) in enumerate(curve)))
+
+
+def test_ner_rerun_scores_the_best_dev_epoch_and_judges_t0_t3_t2(scripts, tmp_path: Path, capsys) -> None:
+    _, _, ner = scripts
+    original = [0.50, 0.52, 0.54]
+    central = [o + d for o, d in zip(original, [0.10, 0.12, 0.08], strict=True)]
+    fdapt = [c + d for c, d in zip(central, [0.001, -0.001, 0.0], strict=True)]
+    for model, scores in ((ner.ORIGINAL, original), (ner.CENTRAL, central), (ner.FDAPT, fdapt)):
+        for seed, score in enumerate(scores):
+            _ner_run(tmp_path, model, seed, score)
+    runs = ner.load(tmp_path)
+    assert {seed: run["epoch"] for seed, run in runs[ner.ORIGINAL].items()} == {0: 2, 1: 2, 2: 2}
+    assert runs[ner.CENTRAL][1]["test"] == pytest.approx(0.64)
+    assert runs[ner.CENTRAL][1]["last"] == pytest.approx(0.59)
+    ner.verdicts(runs)
+    printed = capsys.readouterr().out
+    assert "| T0 the original model's F1 lies in (0.2, 0.8) | 0.520 | holds |" in printed
+    assert "| T3 centralized DAPT beats the original | +0.100 [+0.050, +0.150] (3 seeds) | holds |" in printed
+    assert "| T3 FDAPT 2 clients iid beats the original | +0.100 " in printed
+    assert printed.rstrip().endswith("equivalent (band ±0.015; 3 seeds) | holds |")
+
+    for seeds in runs.values():  # an original model that cannot be fine-tuned here decides nothing
+        for run in seeds.values():
+            run["test"] -= 0.45
+    ner.verdicts(runs)
+    printed = capsys.readouterr().out
+    assert "| 0.070 | fails |" in printed
+    assert printed.count("not measurable here (T0)") == 3
+
+
+def test_fedbert_t2_divergence_rule_and_the_single_client_side(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(RESULTS))
+    import fedbert_gpt2_v2 as v2
+
+    def grid(**final_perplexity: list[float]) -> dict:
+        return {getattr(v2, name): {seed: [{"test_perplexity": 1000.0}, {"test_perplexity": value}]
+                                    for seed, value in enumerate(values)} for name, values in final_perplexity.items()}
+
+    # the start is round 0's perplexity of the untrained run (1000); Centralized ends at 100 and 110
+    runs = grid(START=[1000.0, 1000.0], CENTRAL=[100.0, 110.0], FEDAVG5=[1500.0, 1200.0])
+    assert v2.fedavg5_diverges(runs)[1] == "holds"
+    runs = grid(START=[1000.0, 1000.0], CENTRAL=[100.0, 110.0], FEDAVG5=[150.0, 219.0])
+    assert v2.fedavg5_diverges(runs)[1] == "does not hold here"
+    runs = grid(START=[1000.0, 1000.0], CENTRAL=[100.0, 110.0], FEDAVG5=[1500.0, 150.0])
+    assert v2.fedavg5_diverges(runs)[1] == "neither (reported as is)"
+    assert v2.fedavg5_diverges(grid(CENTRAL=[100.0]))[1] == "not measurable"
+
+    # T4's second row wants Single - Head-Emd Avg below 0: a single client 20 perplexity better in each seed
+    runs = grid(SINGLE=[180.0, 190.0, 200.0], HEADEMD=[200.0, 211.0, 219.0], EMDAVG=[200.0, 211.0, 219.0])
+    assert v2.paired(runs, v2.SINGLE, v2.HEADEMD) == [-20.0, -21.0, -19.0]
+    v2.claims(runs)
+    printed = capsys.readouterr().out
+    assert "| T4 Single client better than Head-Emd Avg: Single - Head-Emd Avg below 0 | -20.0 [" in printed
+    assert "(3 seeds) | holds |" in printed
+    assert "| T3 EmdAvg ~ Head-Emd Avg | +0.0 [+0.0, +0.0] equivalent (band ±10.0; 3 seeds) | holds |" in printed
