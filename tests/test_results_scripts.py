@@ -124,3 +124,43 @@ def test_fedbert_t2_divergence_rule_and_the_single_client_side(monkeypatch: pyte
     assert "| T4 Single client better than Head-Emd Avg: Single - Head-Emd Avg below 0 | -20.0 [" in printed
     assert "(3 seeds) | holds |" in printed
     assert "| T3 EmdAvg ~ Head-Emd Avg | +0.0 [+0.0, +0.0] equivalent (band ±10.0; 3 seeds) | holds |" in printed
+
+
+def _finetuned(run_dir: Path, seed: int, scores: dict[str, float]) -> None:
+    """A finished pre-training run of a seeded grid with its downstream fine-tuning runs' final scores."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": seed}))
+    (run_dir / "summary.md").write_text("done\n")
+    for name, score in scores.items():
+        task, metric = ("regression", "pearson") if name == "stsb" else ("classification", "accuracy")
+        folder = run_dir / "downstream" / name
+        folder.mkdir(parents=True)
+        (folder / "data.json").write_text(json.dumps({"task": task}))
+        (folder / "config.yaml").write_text(yaml.safe_dump({"eval": {}}))
+        (folder / "metrics.jsonl").write_text(json.dumps({"round": 0, f"test_{metric}": 0.1}) + "\n"
+                                              + json.dumps({"round": 2, f"test_{metric}": score}) + "\n")
+
+
+def test_table6_seeds_all_come_from_runs_and_seed0_is_checked_against_the_md(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(RESULTS))
+    import fedbert_finetune_seeds as table6
+
+    names = ["sst2", "mrpc", "rte", "stsb", "sst2-probe"]
+    for seed, shift in ((0, 0.0), (1, 0.01)):
+        _finetuned(tmp_path / f"Centralized_seed={seed}", seed, dict(zip(names, [0.688 + shift, 0.689, 0.502,
+                                                                                 0.199, 0.581], strict=True)))
+        _finetuned(tmp_path / f"method=Head-Emd_Share_carry_seed={seed}", seed,
+                   dict(zip(names, [0.702, 0.684, 0.502, 0.178, 0.555 - shift], strict=True)))
+    _finetuned(tmp_path / "method=Head-Emd_Share_seed=0", 0, dict(zip(names, [0.7] * 5, strict=True)))
+    scores = table6.all_scores(tmp_path)
+    assert sorted(scores["Centralized"]) == [0, 1]
+    assert scores["Centralized"][1]["sst2 accuracy"] == pytest.approx(0.698)
+    assert scores["Head-Emd Share carry"][1]["sst2-probe accuracy"] == pytest.approx(0.545)
+    assert set(scores["Head-Emd Share"]) == {0}  # 'Head-Emd Share' does not take the carry runs
+
+    md = tmp_path / "fedbert.md"
+    md.write_text("## Table 6: RoBERTa\n\n| method | perplexity | SST-2 | MRPC | RTE | STS-B | probe |\n|---|\n"
+                  "| Centralized | 73.7 | 0.688 | 0.689 | 0.502 | 0.199 | **0.581** |\n"
+                  "| Head-Emd Share carry | 84.3 | 0.702 | 0.684 | 0.503 | 0.178 | 0.555 |\n\nafter\n")
+    assert table6.reproduction(scores, md) == ["Head-Emd Share carry RTE acc: Table 6 0.503, rerun 0.502"]

@@ -1,33 +1,39 @@
 """Prints fedbert.md's Table 6 fine-tuning columns over seeds 0-2: mean ± sd per method and task, each method's
 paired difference against the untrained start, Centralized's against every row on the SST-2 probe, and which
-columns cannot rank the methods at all.
+columns cannot rank the methods at all. Every seed comes from the run directories of one seeded grid of
+recipes/fedbert-roberta.yaml (issue 36 item 2: seed 0 is no longer read back from the md it fills).
 
-Seeds 1-2 come from the seed directories of fedbert.md (``<dir>/fedbert-roberta-<method>/seed=N``, their
-downstream runs added by resuming with the recipe's ``downstream``); seed 0 from Table 6 in fedbert.md itself,
-whose run directories a machine restart lost (its values are the ones printed there, to 3 digits).
+    .venv/bin/fedlm run recipes/fedbert-roberta.yaml name=fedbert-roberta-seeds 'seeds=[0, 1, 2]'
+    .venv/bin/python recipes/results/fedbert_finetune_seeds.py runs/fedbert-roberta-seeds \
+        [--check recipes/results/fedbert.md]
 
-    .venv/bin/python recipes/results/fedbert_finetune_seeds.py /tmp/fedbert/seeds recipes/results/fedbert.md
+``--check MD``: the rerun's seed-0 scores against the seed-0 row of MD's Table 6 (the recipe header's
+reproduction check), each score to the table's 3 digits; a mismatch is printed, not fixed.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
+
+import yaml
+from fedbert_tables import seed_dirs
 
 from fedlm.run.downstream import downstream_scores
 from fedlm.run.seeds import SeedStats, overlap, paired_difference
 
-# method -> the seed grids holding its seeds 1-2 (FedAvg's seeds ran as two grids)
-GRIDS = {"start (untrained)": ["start"], "Centralized": ["centralized"], "FedAvg": ["fedavg-s1", "fedavg-s2"],
-         "Head-Emd Share": ["share"], "Head-Emd Share carry": ["share-carry"], "EmdAvg": ["emdavg"],
-         "Head-Emd Avg": ["heademdavg"], "Parallel FedAvg": ["parallel"]}
+# method -> its run directories' label in the grid (baselines by their label, grid entries as method=<label>)
+LABELS = {"start (untrained)": "start (untrained)", "Centralized": "Centralized", "FedAvg": "method=FedAvg",
+          "Head-Emd Share": "method=Head-Emd Share", "Head-Emd Share carry": "method=Head-Emd Share carry",
+          "EmdAvg": "method=EmdAvg", "Head-Emd Avg": "method=Head-Emd Avg",
+          "Parallel FedAvg": "method=Parallel FedAvg"}
 TASKS = [("sst2 accuracy", "SST-2 acc"), ("mrpc accuracy", "MRPC acc"), ("rte accuracy", "RTE acc"),
          ("stsb pearson", "STS-B Pearson"), ("sst2-probe accuracy", "SST-2 probe acc")]
 START, PROBE = "start (untrained)", "sst2-probe accuracy"
 
 
-def seed0_from_md(md: Path) -> dict[str, dict[str, float]]:
-    """Table 6's seed-0 fine-tuning scores: method -> task key -> score (the table's columns 3-7)."""
+def table6_seed0(md: Path) -> dict[str, dict[str, float]]:
+    """Table 6's seed-0 fine-tuning scores as printed: method -> task key -> score (the table's columns 3-7)."""
     text = md.read_text()
     section = text[text.index("## Table 6"):].splitlines()
     first = next(i for i, line in enumerate(section) if line.startswith("| method |"))
@@ -35,21 +41,34 @@ def seed0_from_md(md: Path) -> dict[str, dict[str, float]]:
     scores: dict[str, dict[str, float]] = {}
     for line in section[first:last]:  # the section's first table only (later ones are probes of other kinds)
         cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
-        if cells[0] in GRIDS and len(cells) >= 7 and cells[2] != "-":
+        if cells[0] in LABELS and len(cells) >= 7 and cells[2] != "-":
             scores[cells[0]] = {key: float(cells[2 + i]) for i, (key, _) in enumerate(TASKS)}
     return scores
 
 
-def all_scores(root: Path, md: Path) -> dict[str, dict[int, dict[str, float]]]:
-    """method -> seed -> task key -> final score."""
-    scores: dict[str, dict[int, dict[str, float]]] = {m: {0: s} for m, s in seed0_from_md(md).items()}
-    for method, grids in GRIDS.items():
-        for grid in grids:
-            for run_dir in sorted((root / f"fedbert-roberta-{grid}").glob("seed=*")):
-                found = downstream_scores(run_dir)
-                if found:
-                    scores.setdefault(method, {})[int(run_dir.name.split("=")[1])] = found
+def all_scores(root: Path) -> dict[str, dict[int, dict[str, float]]]:
+    """method -> seed -> task key -> final score, for every finished run with downstream scores under ``root``."""
+    scores: dict[str, dict[int, dict[str, float]]] = {}
+    for method, label in LABELS.items():
+        for run_dir in seed_dirs([root], label):
+            found = downstream_scores(run_dir)
+            if found:
+                seed = int(yaml.safe_load((run_dir / "config.yaml").read_text())["seed"])
+                scores.setdefault(method, {})[seed] = found
     return scores
+
+
+def reproduction(scores: dict[str, dict[int, dict[str, float]]], md: Path) -> list[str]:
+    """The seed-0 scores that differ from Table 6's printed seed-0 row at its 3 digits, one line each."""
+    printed = table6_seed0(md)
+    found = []
+    for method, row in printed.items():
+        rerun = scores.get(method, {}).get(0)
+        for key, name in TASKS:
+            now = f"{rerun[key]:.3f}" if rerun and key in rerun else "not run"
+            if now != f"{row[key]:.3f}":
+                found.append(f"{method} {name}: Table 6 {row[key]:.3f}, rerun {now}")
+    return found
 
 
 def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], key: str) -> str:
@@ -58,13 +77,21 @@ def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], key: 
     return paired_difference(diffs, words=("higher", "lower"))
 
 
-def main(root: Path, md: Path) -> None:
-    scores = all_scores(root, md)
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="the seeded grid directory (runs/fedbert-roberta-seeds)")
+    parser.add_argument("--check", type=Path, help="fedbert.md: compare seed 0 with its Table 6")
+    args = parser.parse_args()
+    scores = all_scores(args.root)
+    if args.check:
+        differing = reproduction(scores, args.check)
+        print("Seed 0 against Table 6's printed row: " + ("reproduced to the digit" if not differing else
+              "DIFFERS in " + "; ".join(differing)) + "\n")
     stats = {m: {key: SeedStats(tuple(s[key] for s in by_seed.values() if key in s)) for key, _ in TASKS}
              for m, by_seed in scores.items()}
     print("| method | " + " | ".join(name for _, name in TASKS) + " |")
     print("|---|" + "---|" * len(TASKS))
-    for method in GRIDS:
+    for method in LABELS:
         if method in stats:
             print(f"| {method} | " + " | ".join(stats[method][key].fixed(3) for key, _ in TASKS) + " |")
     print()
@@ -72,24 +99,24 @@ def main(root: Path, md: Path) -> None:
     print()
     print("| method | " + " | ".join(name for _, name in TASKS) + " |")
     print("|---|" + "---|" * len(TASKS))
-    for method in GRIDS:
+    for method in LABELS:
         if method != START and method in scores and START in scores:
             print(f"| {method} | " + " | ".join(paired(scores[method], scores[START], key) for key, _ in TASKS)
                   + " |")
     print()
     print("SST-2 probe, Centralized minus each row (same seed):")
-    for method in GRIDS:
+    for method in LABELS:
         if method != "Centralized" and method in scores and "Centralized" in scores:
             print(f"- vs {method}: {paired(scores['Centralized'], scores[method], PROBE)}")
     print()
     for key, name in TASKS:
-        rows = [stats[m][key] for m in GRIDS if m in stats and stats[m][key].n > 1]
+        rows = [stats[m][key] for m in LABELS if m in stats and stats[m][key].n > 1]
         ranked = any(overlap(a, b) is False for i, a in enumerate(rows) for b in rows[i + 1:])
-        best = max((m for m in GRIDS if m in stats), key=lambda m: stats[m][key].mean)
+        best = max((m for m in LABELS if m in stats), key=lambda m: stats[m][key].mean)
         print(f"- {name}: highest mean {best} ({stats[best][key].mean:.3f}); "
               + ("some 95% intervals are disjoint" if ranked else "every 95% interval overlaps every other: "
                  "cannot rank"))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main()
