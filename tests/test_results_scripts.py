@@ -85,7 +85,7 @@ def test_ner_rerun_scores_the_best_dev_epoch_and_judges_t0_t3_t2(scripts, tmp_pa
     assert runs[ner.CENTRAL][1]["last"] == pytest.approx(0.59)
     ner.verdicts(runs)
     printed = capsys.readouterr().out
-    assert "| T0 the original model's F1 lies in (0.2, 0.8) | 0.520 | holds |" in printed
+    assert "| T0 the original model's F1 lies in (0.2, 0.8) | 0.520 (3 seeds) | holds |" in printed
     assert "| T3 centralized DAPT beats the original | +0.100 [+0.050, +0.150] (3 seeds) | holds |" in printed
     assert "| T3 FDAPT 2 clients iid beats the original | +0.100 " in printed
     assert printed.rstrip().endswith("equivalent (band ±0.015; 3 seeds) | holds |")
@@ -95,7 +95,7 @@ def test_ner_rerun_scores_the_best_dev_epoch_and_judges_t0_t3_t2(scripts, tmp_pa
             run["test"] -= 0.45
     ner.verdicts(runs)
     printed = capsys.readouterr().out
-    assert "| 0.070 | fails |" in printed
+    assert "| 0.070 (3 seeds) | fails |" in printed
     assert printed.count("not measurable here (T0)") == 3
 
 
