@@ -13,18 +13,24 @@ import yaml
 RESULTS = Path(__file__).resolve().parents[1] / "recipes" / "results"
 
 
-@pytest.fixture
-def scripts(monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture(autouse=True)
+def _results_scripts_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The results scripts import each other by bare name, as they do when run from recipes/results."""
     monkeypatch.syspath_prepend(str(RESULTS))
-    import fdapt_ner_select
-    import fednlp_20news_table
-    import fedsplitbert_long
-    return fedsplitbert_long, fednlp_20news_table, fdapt_ner_select
 
 
-def test_one_sided_verdicts_follow_the_interval_and_the_wanted_side(scripts) -> None:
-    long, _, _ = scripts
+def _write_run(run_dir: Path, config: dict, records: list[dict] | None = None) -> None:
+    """A finished run directory as fedlm writes it: its config, its metric records (if any) and a summary."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    if records is not None:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run_dir / "summary.md").write_text("done\n")
+
+
+def test_one_sided_verdicts_follow_the_interval_and_the_wanted_side() -> None:
+    import fedsplitbert_long as long
+
     # mean 0.10, sd 0.02, t(0.975, 2) = 4.3027: half-width 0.0497
     text, word = long.interval([0.10, 0.12, 0.08])
     assert (text, word) == ("+0.100 [+0.050, +0.150] (3 seeds)", "above 0")
@@ -35,9 +41,11 @@ def test_one_sided_verdicts_follow_the_interval_and_the_wanted_side(scripts) -> 
     assert long.verdict("above 0", precondition=False) == "not measurable here (precondition failed)"
 
 
-def test_equivalence_holds_only_inside_the_band(scripts) -> None:
-    long, _, _ = scripts
+def test_equivalence_holds_only_inside_the_band() -> None:
+    import fedsplitbert_long as long
+
     from fedlm.run.seeds import equivalence
+
     # mean 0, sd 0.001: half-width 0.0025, inside a band of 0.015
     assert long.equivalence_verdict(equivalence([0.001, -0.001, 0.0], 0.015)) == "holds"
     # covers 0 but reaches past the band: no difference found, no equivalence shown
@@ -46,8 +54,9 @@ def test_equivalence_holds_only_inside_the_band(scripts) -> None:
     assert long.equivalence_verdict(equivalence([0.001], 0.015)) == "not measurable here"
 
 
-def test_joint_claims_and_curve_roughness(scripts) -> None:
-    _, news, _ = scripts
+def test_joint_claims_and_curve_roughness() -> None:
+    import fednlp_20news_table as news
+
     assert news.joint(["above 0", "above 0"], "above 0") == "holds"
     assert news.joint(["above 0", "covers 0"], "above 0") == "within noise"
     assert news.joint(["above 0", "below 0"], "above 0") == "does not hold here"
@@ -62,17 +71,15 @@ def test_joint_claims_and_curve_roughness(scripts) -> None:
 def _ner_run(root: Path, model: str, seed: int, picked: float) -> None:
     """A finished fine-tuning run whose development F1 peaks at epoch 2, where its test F1 is ``picked``; the last
     epoch's test F1 is lower, so scoring the last epoch instead of the selected one changes every number."""
-    run_dir = root / f"pretrained={model.replace(' ', '_')}_seed={seed}"
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"tags": {"pretrained": model}, "seed": seed}))
-    (run_dir / "summary.md").write_text("done\n")
     curve = [(0.0, 0.0), (0.4, picked - 0.1), (0.6, picked), (0.5, picked - 0.05)]  # (dev, test) per epoch
-    (run_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"round": epoch, "val_f1": dev, "test_f1": test}) + "\n" for epoch, (dev, test) in enumerate(curve)))
+    records = [{"round": epoch, "val_f1": dev, "test_f1": test} for epoch, (dev, test) in enumerate(curve)]
+    _write_run(root / f"pretrained={model.replace(' ', '_')}_seed={seed}",
+               {"tags": {"pretrained": model}, "seed": seed}, records)
 
 
-def test_ner_rerun_scores_the_best_dev_epoch_and_judges_t0_t3_t2(scripts, tmp_path: Path, capsys) -> None:
-    _, _, ner = scripts
+def test_ner_rerun_scores_the_best_dev_epoch_and_judges_t0_t3_t2(tmp_path: Path, capsys) -> None:
+    import fdapt_ner_select as ner
+
     original = [0.50, 0.52, 0.54]
     central = [o + d for o, d in zip(original, [0.10, 0.12, 0.08], strict=True)]
     fdapt = [c + d for c, d in zip(central, [0.001, -0.001, 0.0], strict=True)]
@@ -99,8 +106,7 @@ def test_ner_rerun_scores_the_best_dev_epoch_and_judges_t0_t3_t2(scripts, tmp_pa
     assert printed.count("not measurable here (T0)") == 3
 
 
-def test_fedbert_t2_divergence_rule_and_the_single_client_side(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.syspath_prepend(str(RESULTS))
+def test_fedbert_t2_divergence_rule_and_the_single_client_side(capsys) -> None:
     import fedbert_gpt2_v2 as v2
 
     def grid(**final_perplexity: list[float]) -> dict:
@@ -128,22 +134,15 @@ def test_fedbert_t2_divergence_rule_and_the_single_client_side(monkeypatch: pyte
 
 def _finetuned(run_dir: Path, seed: int, scores: dict[str, float]) -> None:
     """A finished pre-training run of a seeded grid with its downstream fine-tuning runs' final scores."""
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": seed}))
-    (run_dir / "summary.md").write_text("done\n")
+    _write_run(run_dir, {"seed": seed})
     for name, score in scores.items():
         task, metric = ("regression", "pearson") if name == "stsb" else ("classification", "accuracy")
         folder = run_dir / "downstream" / name
-        folder.mkdir(parents=True)
+        _write_run(folder, {"eval": {}}, [{"round": 0, f"test_{metric}": 0.1}, {"round": 2, f"test_{metric}": score}])
         (folder / "data.json").write_text(json.dumps({"task": task}))
-        (folder / "config.yaml").write_text(yaml.safe_dump({"eval": {}}))
-        (folder / "metrics.jsonl").write_text(json.dumps({"round": 0, f"test_{metric}": 0.1}) + "\n"
-                                              + json.dumps({"round": 2, f"test_{metric}": score}) + "\n")
 
 
-def test_table6_seeds_all_come_from_runs_and_seed0_is_checked_against_the_md(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.syspath_prepend(str(RESULTS))
+def test_table6_seeds_all_come_from_runs_and_seed0_is_checked_against_the_md(tmp_path: Path) -> None:
     import fedbert_finetune_seeds as table6
 
     names = ["sst2", "mrpc", "rte", "stsb", "sst2-probe"]

@@ -20,6 +20,7 @@ from pathlib import Path
 import matplotlib
 import yaml
 from fedbert_tables import perplexity, seed_dirs, traffic
+from fednlp_20news_table import paired as paired_by_seed
 from fedsplitbert_long import equivalence_verdict, interval, verdict
 from matplotlib.ticker import MaxNLocator
 
@@ -62,8 +63,7 @@ def final(records: list[dict]) -> float:
 
 def paired(runs: dict, a: str, b: str) -> list[float]:
     """final(a) - final(b) for every seed both settings have."""
-    left, right = runs.get(a, {}), runs.get(b, {})
-    return [final(left[s]) - final(right[s]) for s in sorted(left) if s in right]
+    return paired_by_seed(runs.get(a, {}), runs.get(b, {}), final)
 
 
 def table(runs: dict, seen: dict[str, float]) -> None:
