@@ -38,6 +38,7 @@ def test_one_sided_verdicts_follow_the_interval_and_the_wanted_side() -> None:
     assert long.verdict(word, wanted="below 0") == "does not hold here"
     assert long.verdict(long.interval([0.05, -0.03, 0.01])[1]) == "within noise"
     assert long.interval([0.05]) == ("+0.050 (1 seed)", "not measurable")
+    assert long.verdict("not measurable") == "not measurable here (fewer than 2 seeds)"
     assert long.verdict("above 0", precondition=False) == "not measurable here (precondition failed)"
 
 
@@ -60,7 +61,7 @@ def test_joint_claims_and_curve_roughness() -> None:
     assert news.joint(["above 0", "above 0"], "above 0") == "holds"
     assert news.joint(["above 0", "covers 0"], "above 0") == "within noise"
     assert news.joint(["above 0", "below 0"], "above 0") == "does not hold here"
-    assert news.joint(["below 0", "not measurable"], "below 0") == "not measurable (fewer than 2 seeds)"
+    assert news.joint(["below 0", "not measurable"], "below 0") == "not measurable here (fewer than 2 seeds)"
     # round 0 (the start) is left out; the steps are +0.2, +0.1, +0.4: mean 0.2333, sample sd 0.15275
     records = [{"round": r, "test_accuracy": a} for r, a in enumerate([0.9, 0.1, 0.3, 0.4, 0.8])]
     records.insert(2, {"round": 1, "train_loss": 1.0})  # a record without the metric is skipped
@@ -120,7 +121,7 @@ def test_fedbert_t2_divergence_rule_and_the_single_client_side(capsys) -> None:
     assert v2.fedavg5_diverges(runs)[1] == "does not hold here"
     runs = grid(START=[1000.0, 1000.0], CENTRAL=[100.0, 110.0], FEDAVG5=[1500.0, 150.0])
     assert v2.fedavg5_diverges(runs)[1] == "neither (reported as is)"
-    assert v2.fedavg5_diverges(grid(CENTRAL=[100.0]))[1] == "not measurable"
+    assert v2.fedavg5_diverges(grid(CENTRAL=[100.0]))[1] == "not measurable here (not run)"
 
     # T4's second row wants Single - Head-Emd Avg below 0: a single client 20 perplexity better in each seed
     runs = grid(SINGLE=[180.0, 190.0, 200.0], HEADEMD=[200.0, 211.0, 219.0], EMDAVG=[200.0, 211.0, 219.0])

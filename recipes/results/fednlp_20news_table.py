@@ -19,7 +19,7 @@ from pathlib import Path
 
 import matplotlib
 import yaml
-from fedsplitbert_long import OTHER_SIDE, equivalence_verdict, interval
+from fedsplitbert_long import FEW_SEEDS, OTHER_SIDE, equivalence_verdict, interval
 from matplotlib.ticker import MaxNLocator
 
 from fedlm.run.recorder import read_metrics
@@ -56,7 +56,7 @@ def joint(words: list[str], wanted: str) -> str:
     """A claim made of several differences: it holds when every interval lies on the ``wanted`` side of 0, does
     not hold when any lies on the other side, and is within noise otherwise (fewer than 2 seeds: not measurable)."""
     if "not measurable" in words:
-        return "not measurable (fewer than 2 seeds)"
+        return FEW_SEEDS
     if all(word == wanted for word in words):
         return "holds"
     return "does not hold here" if OTHER_SIDE[wanted] in words else "within noise"

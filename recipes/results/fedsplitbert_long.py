@@ -61,12 +61,16 @@ def interval(diffs: list[float], digits: int = 3) -> tuple[str, str]:
     return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}] ({len(diffs)} seeds)", word
 
 
+FEW_SEEDS = "not measurable here (fewer than 2 seeds)"
+
+
 def verdict(word: str, precondition: bool = True, wanted: str = "above 0") -> str:
     """A one-sided claim's verdict from ``interval``'s word: holds when the interval lies on the ``wanted`` side of
-    0, does not hold on the other side, within noise when it covers 0."""
+    0, does not hold on the other side, within noise when it covers 0; fewer than 2 seeds cannot be judged."""
     if not precondition:
         return "not measurable here (precondition failed)"
-    return {wanted: "holds", OTHER_SIDE[wanted]: "does not hold here", "covers 0": "within noise"}.get(word, word)
+    return {wanted: "holds", OTHER_SIDE[wanted]: "does not hold here", "covers 0": "within noise",
+            "not measurable": FEW_SEEDS}[word]
 
 
 def equivalence_verdict(found: Equivalence) -> str:
