@@ -147,13 +147,14 @@ def test_table6_seeds_all_come_from_runs_and_seed0_is_checked_against_the_md(tmp
     import fedbert_finetune_seeds as table6
 
     names = ["sst2", "mrpc", "rte", "stsb", "sst2-probe"]
-    for seed, shift in ((0, 0.0), (1, 0.01)):
-        _finetuned(tmp_path / f"Centralized_seed={seed}", seed, dict(zip(names, [0.688 + shift, 0.689, 0.502,
+    first, second = tmp_path / "seeds", tmp_path / "seeds-1"  # seed 1 in a grid of its own, run beside seed 0's
+    for root, seed, shift in ((first, 0, 0.0), (second, 1, 0.01)):
+        _finetuned(root / f"Centralized_seed={seed}", seed, dict(zip(names, [0.688 + shift, 0.689, 0.502,
                                                                                  0.199, 0.581], strict=True)))
-        _finetuned(tmp_path / f"method=Head-Emd_Share_carry_seed={seed}", seed,
+        _finetuned(root / f"method=Head-Emd_Share_carry_seed={seed}", seed,
                    dict(zip(names, [0.702, 0.684, 0.502, 0.178, 0.555 - shift], strict=True)))
-    _finetuned(tmp_path / "method=Head-Emd_Share_seed=0", 0, dict(zip(names, [0.7] * 5, strict=True)))
-    scores = table6.all_scores(tmp_path)
+    _finetuned(first / "method=Head-Emd_Share_seed=0", 0, dict(zip(names, [0.7] * 5, strict=True)))
+    scores = table6.all_scores([first, second])
     assert sorted(scores["Centralized"]) == [0, 1]
     assert scores["Centralized"][1]["sst2 accuracy"] == pytest.approx(0.698)
     assert scores["Head-Emd Share carry"][1]["sst2-probe accuracy"] == pytest.approx(0.545)

@@ -1,10 +1,12 @@
 """Prints fedbert.md's Table 6 fine-tuning columns over seeds 0-2: mean ± sd per method and task, each method's
 paired difference against the untrained start, Centralized's against every row on the SST-2 probe, and which
-columns cannot rank the methods at all. Every seed comes from the run directories of one seeded grid of
-recipes/fedbert-roberta.yaml (issue 36 item 2: seed 0 is no longer read back from the md it fills).
+columns cannot rank the methods at all. Every seed comes from run directories of seeded grids of
+recipes/fedbert-roberta.yaml (issue 36 item 2: seed 0 is no longer read back from the md it fills); the seeds may
+be split over several grids, run side by side:
 
-    .venv/bin/fedlm run recipes/fedbert-roberta.yaml name=fedbert-roberta-seeds 'seeds=[0, 1, 2]'
-    .venv/bin/python recipes/results/fedbert_finetune_seeds.py runs/fedbert-roberta-seeds \
+    .venv/bin/fedlm run recipes/fedbert-roberta.yaml name=fedbert-roberta-seeds 'seeds=[0, 1]'
+    .venv/bin/fedlm run recipes/fedbert-roberta.yaml name=fedbert-roberta-seeds-2 'seeds=[2]'
+    .venv/bin/python recipes/results/fedbert_finetune_seeds.py runs/fedbert-roberta-seeds runs/fedbert-roberta-seeds-2 \
         [--check recipes/results/fedbert.md]
 
 ``--check MD``: the rerun's seed-0 scores against the seed-0 row of MD's Table 6 (the recipe header's
@@ -46,11 +48,11 @@ def table6_seed0(md: Path) -> dict[str, dict[str, float]]:
     return scores
 
 
-def all_scores(root: Path) -> dict[str, dict[int, dict[str, float]]]:
-    """method -> seed -> task key -> final score, for every finished run with downstream scores under ``root``."""
+def all_scores(roots: list[Path]) -> dict[str, dict[int, dict[str, float]]]:
+    """method -> seed -> task key -> final score, for every finished run with downstream scores under ``roots``."""
     scores: dict[str, dict[int, dict[str, float]]] = {}
     for method, label in LABELS.items():
-        for run_dir in seed_dirs([root], label):
+        for run_dir in seed_dirs(roots, label):
             found = downstream_scores(run_dir)
             if found:
                 seed = int(yaml.safe_load((run_dir / "config.yaml").read_text())["seed"])
@@ -79,10 +81,11 @@ def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], key: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="the seeded grid directory (runs/fedbert-roberta-seeds)")
+    parser.add_argument("roots", type=Path, nargs="+",
+                        help="the seeded grid directories (runs/fedbert-roberta-seeds runs/fedbert-roberta-seeds-2)")
     parser.add_argument("--check", type=Path, help="fedbert.md: compare seed 0 with its Table 6")
     args = parser.parse_args()
-    scores = all_scores(args.root)
+    scores = all_scores(args.roots)
     if args.check:
         differing = reproduction(scores, args.check)
         print("Seed 0 against Table 6's printed row: " + ("reproduced to the digit" if not differing else
