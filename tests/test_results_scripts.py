@@ -40,6 +40,9 @@ def test_one_sided_verdicts_follow_the_interval_and_the_wanted_side() -> None:
     assert long.interval([0.05]) == ("+0.050 (1 seed)", "not measurable")
     assert long.verdict("not measurable") == "not measurable here (fewer than 2 seeds)"
     assert long.verdict("above 0", precondition=False) == "not measurable here (precondition failed)"
+    # no paired seed: "not run", which no precondition overrides
+    assert long.interval([]) == ("not run", "not run")
+    assert long.verdict("not run", precondition=False) == "not run"
 
 
 def test_equivalence_holds_only_inside_the_band() -> None:
@@ -53,6 +56,7 @@ def test_equivalence_holds_only_inside_the_band() -> None:
     assert long.equivalence_verdict(equivalence([0.03, -0.03, 0.0], 0.015)) == "within noise"
     assert long.equivalence_verdict(equivalence([0.05, 0.06, 0.04], 0.015)) == "does not hold here"
     assert long.equivalence_verdict(equivalence([0.001], 0.015)) == "not measurable here"
+    assert long.equivalence_verdict(equivalence([], 0.015)) == "not run"
 
 
 def test_joint_claims_and_curve_roughness() -> None:
@@ -62,6 +66,7 @@ def test_joint_claims_and_curve_roughness() -> None:
     assert news.joint(["above 0", "covers 0"], "above 0") == "within noise"
     assert news.joint(["above 0", "below 0"], "above 0") == "does not hold here"
     assert news.joint(["below 0", "not measurable"], "below 0") == "not measurable here (fewer than 2 seeds)"
+    assert news.joint(["below 0", "not run"], "below 0") == news.joint([], "below 0") == "not run"
     # round 0 (the start) is left out; the steps are +0.2, +0.1, +0.4: mean 0.2333, sample sd 0.15275
     records = [{"round": r, "test_accuracy": a} for r, a in enumerate([0.9, 0.1, 0.3, 0.4, 0.8])]
     records.insert(2, {"round": 1, "train_loss": 1.0})  # a record without the metric is skipped
@@ -121,7 +126,7 @@ def test_fedbert_t2_divergence_rule_and_the_single_client_side(capsys) -> None:
     assert v2.fedavg5_diverges(runs)[1] == "does not hold here"
     runs = grid(START=[1000.0, 1000.0], CENTRAL=[100.0, 110.0], FEDAVG5=[1500.0, 150.0])
     assert v2.fedavg5_diverges(runs)[1] == "neither (reported as is)"
-    assert v2.fedavg5_diverges(grid(CENTRAL=[100.0]))[1] == "not measurable here (not run)"
+    assert v2.fedavg5_diverges(grid(CENTRAL=[100.0]))[1] == "not run"
 
     # T4's second row wants Single - Head-Emd Avg below 0: a single client 20 perplexity better in each seed
     runs = grid(SINGLE=[180.0, 190.0, 200.0], HEADEMD=[200.0, 211.0, 219.0], EMDAVG=[200.0, 211.0, 219.0])

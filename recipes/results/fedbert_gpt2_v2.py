@@ -127,7 +127,7 @@ def fedavg5_diverges(runs: dict) -> tuple[str, str]:
     fedavg5, start, central = runs.get(FEDAVG5, {}), runs.get(START, {}), runs.get(CENTRAL, {})
     seeds = sorted(s for s in fedavg5 if s in start and s in central)
     if not seeds:
-        return "not run", "not measurable here (not run)"
+        return "not run", "not run"
     values = ", ".join(f"{final(fedavg5[s]):.1f} (start {final(start[s]):.0f}, 2 x Centralized "
                        f"{2 * final(central[s]):.1f})" for s in seeds)
     if all(final(fedavg5[s]) > final(start[s]) for s in seeds):

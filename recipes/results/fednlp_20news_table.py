@@ -19,7 +19,7 @@ from pathlib import Path
 
 import matplotlib
 import yaml
-from fedsplitbert_long import FEW_SEEDS, OTHER_SIDE, equivalence_verdict, interval
+from fedsplitbert_long import FEW_SEEDS, NOT_RUN, OTHER_SIDE, equivalence_verdict, interval
 from matplotlib.ticker import MaxNLocator
 
 from fedlm.run.recorder import read_metrics
@@ -54,7 +54,10 @@ def roughness(records: list[dict], key: str = "test_accuracy") -> float:
 
 def joint(words: list[str], wanted: str) -> str:
     """A claim made of several differences: it holds when every interval lies on the ``wanted`` side of 0, does
-    not hold when any lies on the other side, and is within noise otherwise (fewer than 2 seeds: not measurable)."""
+    not hold when any lies on the other side, and is within noise otherwise (fewer than 2 seeds: not measurable;
+    no part or any part without a paired seed: not run)."""
+    if not words or NOT_RUN in words:
+        return NOT_RUN
     if "not measurable" in words:
         return FEW_SEEDS
     if all(word == wanted for word in words):
@@ -152,7 +155,7 @@ def verdicts(runs: dict, final, partitions: list[tuple[str, str]]) -> None:
             words.append(word)
             print(f"| non-IID costs {method}: {label} - uniform | {label} | {text} | {word} | |")
         print(f"| **non-IID costs {method}** | {' and '.join(lb for _, lb in skewed)} | | | "
-              f"**{joint(words, 'below 0') if words else 'not run'}** |")
+              f"**{joint(words, 'below 0')}** |")
     for method in METHODS:
         text, word = interval(paired(runs.get(("alpha=1.0", method), {}), runs.get(("iid", method), {}), roughness))
         print(f"| **more skew, rougher curves** {method}: roughness alpha = 1 - uniform | alpha = 1 | {text} | {word} "

@@ -53,20 +53,27 @@ def differences(runs: dict, a: str, b: str | None) -> list[float]:
 
 
 def interval(diffs: list[float], digits: int = 3) -> tuple[str, str]:
-    """'mean [low, high] (n seeds)' and the difference rule's word: above 0, below 0, or within noise."""
+    """'mean [low, high] (n seeds)' and the difference rule's word: above 0, below 0, covers 0, not measurable
+    (one seed) or not run (no paired seed)."""
+    if not diffs:
+        return NOT_RUN, NOT_RUN
     if len(diffs) < 2:
-        return ("not run" if not diffs else f"{diffs[0]:+.{digits}f} (1 seed)"), "not measurable"
+        return f"{diffs[0]:+.{digits}f} (1 seed)", "not measurable"
     mean, _, half = mean_interval(diffs)
     word = "above 0" if mean - half > 0 else "below 0" if mean + half < 0 else "covers 0"
     return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}] ({len(diffs)} seeds)", word
 
 
 FEW_SEEDS = "not measurable here (fewer than 2 seeds)"
+NOT_RUN = "not run"
 
 
 def verdict(word: str, precondition: bool = True, wanted: str = "above 0") -> str:
     """A one-sided claim's verdict from ``interval``'s word: holds when the interval lies on the ``wanted`` side of
-    0, does not hold on the other side, within noise when it covers 0; fewer than 2 seeds cannot be judged."""
+    0, does not hold on the other side, within noise when it covers 0; fewer than 2 seeds cannot be judged, and a
+    comparison with no paired seed is "not run" whatever its precondition."""
+    if word == NOT_RUN:
+        return NOT_RUN
     if not precondition:
         return "not measurable here (precondition failed)"
     return {wanted: "holds", OTHER_SIDE[wanted]: "does not hold here", "covers 0": "within noise",
@@ -74,7 +81,10 @@ def verdict(word: str, precondition: bool = True, wanted: str = "above 0") -> st
 
 
 def equivalence_verdict(found: Equivalence) -> str:
-    """An equivalence claim's verdict (two one-sided tests): holds only when the whole interval lies in the band."""
+    """An equivalence claim's verdict (two one-sided tests): holds only when the whole interval lies in the band;
+    "not run" with no paired seed."""
+    if found.n == 0:
+        return NOT_RUN
     return {"equivalent": "holds", "differs": "does not hold here",
             "not measurable": "not measurable here"}.get(found.verdict, found.verdict)
 
@@ -151,12 +161,12 @@ def main() -> None:
                         ("FedAdam - FedAvg", FEDADAM, C6), ("FedProx - FedAvg", FEDPROX, C6),
                         ("Table III: c = 3 - FedProx", C3, FEDPROX), ("Table III: c = 3 - FedAdam", C3, FEDADAM)):
         text, word = interval(differences(runs, a, b))
-        print(f"| {claim} | {text} | {verdict(word, precondition) if text != 'not run' else 'not run'} |")
+        print(f"| {claim} | {text} | {verdict(word, precondition)} |")
     fp16 = differences(runs, FP16, C3)
     judged = equivalence(fp16, FP16_BAND)
     text, _ = interval(fp16)
     print(f"| 16-bit keeps accuracy: c = 3 fp16 - c = 3 (equivalence, band ±{FP16_BAND}) | {text} | "
-          f"{'not run' if not fp16 else equivalence_verdict(judged)} |")
+          f"{equivalence_verdict(judged)} |")
     examples = local_test_examples(args.roots, dataset)
     matters = c_matters(runs, 1 / examples, precondition)
     print(f"\nc matters at this length (one local-test example = 1/{examples}): {matters}")
