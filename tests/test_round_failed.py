@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -85,6 +86,25 @@ def test_resuming_a_run_that_carries_optimizer_state_says_the_state_restarts(tmp
     lines = [r.getMessage() for r in caplog.records if "optimizer_state carry" in r.getMessage()]
     assert len(lines) == 1 and "afresh" in lines[0]
     assert [r["round"] for r in read_metrics(run_dir)] == [0, 1, 2]
+
+
+def test_a_run_records_its_environment_and_a_resume_on_other_threads_says_so(tmp_path, tiny_csv, one_thread, caplog):
+    # the thread count changes the order of float reductions: same code and seed, other numbers (fedbert.md)
+    config = validate(tiny_config(tmp_path, tiny_csv, rounds=3, max_retries=0))
+    run_dir = tmp_path / "run"
+    run_single(config.model_copy(update={"protocol": config.protocol.model_copy(update={"rounds": 1})}),
+               tiny_csv, run_dir)
+    with caplog.at_level("WARNING", logger="fedlm"):
+        run_single(config.model_copy(update={"protocol": config.protocol.model_copy(update={"rounds": 2})}),
+                   tiny_csv, run_dir, resume=True)  # same ground: nothing said
+        torch.set_num_threads(2)
+        run_single(config, tiny_csv, run_dir, resume=True)
+    lines = [r.getMessage() for r in caplog.records if "environment" in r.getMessage()]
+    assert len(lines) == 1 and "resumed at round 3" in lines[0] and "threads 1 -> 2" in lines[0], lines
+    stretches = json.loads((run_dir / "environment.json").read_text())["stretches"]
+    assert [(s["from_round"], s["threads"]) for s in stretches] == [(1, 1), (2, 1), (3, 2)]
+    assert stretches[0]["torch"] == torch.__version__ and stretches[0]["device"] == "cpu"
+    assert stretches[0]["processes"] == 1
 
 
 def _scaling(client_id: int, factor: float, rounds: tuple[int, ...] = (1,)) -> type[InProcessExecutor]:

@@ -2,6 +2,7 @@
 
     run_dir/config.yaml        the resolved config (the run is reproducible from it and its seed)
     run_dir/data.json          data source, split note, partition sizes
+    run_dir/environment.json   versions, threads, processes and device: the run's start and each resume
     run_dir/metrics.jsonl      one record per round
     run_dir/checkpoint/        state.pt: the last checkpoint (global parameters, strategy state, the clients'
                                local states or which client_states/ files hold them), written in one step

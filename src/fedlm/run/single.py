@@ -29,8 +29,10 @@ from fedlm.federation.records import FailedRound, RoundRecord
 from fedlm.federation.sharing import SharingPolicy
 from fedlm.federation.store import STATES_DIR, ClientStore, make_client_store
 from fedlm.federation.strategies import Strategy, build_strategy, rule_minimum
+from fedlm.models.device import model_device
 from fedlm.run.checkpoint import Checkpoint, checkpointer, load_checkpoint
 from fedlm.run.downstream import run_downstream
+from fedlm.run.environment import changed_line, describe, record_environment
 from fedlm.run.evaluate import Evaluator
 from fedlm.run.lock import run_lock
 from fedlm.run.placement import Placement, RunClients, Simulation
@@ -100,6 +102,9 @@ def _run_locked(config: ExperimentConfig, data_dir: Path, run_dir: Path, resume:
             log.warning("%s: split.optimizer_state carry: checkpoints hold no optimizer state, so the resumed "
                         "rounds start the trunk's and the client parts' optimizers afresh", config.name)
         recorder.truncate_after(checkpoint.round)
+    changed = record_environment(run_dir, start.round, describe(model_device(prep.model), collective.world))
+    if changed:
+        log.warning(changed_line(config.name, start.round, changed))
     record_inputs(recorder, prep)
     recorder.write_json("sharing.json", describe_policy(policy, prep.model))
     progress = RoundProgress(config.name, config.protocol.rounds, start.round, prep.task.target_metric()[0],

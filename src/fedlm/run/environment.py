@@ -1,0 +1,82 @@
+"""What a run ran on, in ``environment.json``: versions, threads, processes and device, once per stretch of rounds.
+
+A run is reproducible from its config and seed on the same environment, not across environments: the number of
+intra-op threads changes the order in which floating-point reductions add up, and training that sits on a loss
+plateau for thousands of steps carries a last-digit difference into a different result (FedBERT's RoBERTa
+Centralized ends one epoch at perplexity 577.0 on one thread and 573.1 on two, same code and seed; fedbert.md).
+So a run records what it started on, each resume adds what it continued on, and a resume on different ground
+says so in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import fedlm
+
+ENVIRONMENT = "environment.json"
+# What changes a run's numbers if it changes mid-run; versions of other libraries and the platform are recorded too.
+BITWISE_KEYS = ("fedlm", "commit", "torch", "transformers", "threads", "processes", "device")
+
+
+def describe(device: torch.device, processes: int) -> dict[str, Any]:
+    """This process's environment as a run records it (``processes``: how many share each round's clients)."""
+    return {"fedlm": fedlm.__version__, "commit": source_commit(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "threads": torch.get_num_threads(), "processes": processes,
+            "device": device_name(device)}
+
+
+def device_name(device: torch.device) -> str:
+    """'cpu', or the accelerator's type and model ('cuda: NVIDIA H200'), which decides its kernels."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return device.type
+
+
+def source_commit() -> str | None:
+    """The git commit fedlm runs from, '+dirty' when its source has uncommitted changes; None for an installed
+    package outside a git checkout (or without git)."""
+    here = Path(fedlm.__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = git("rev-parse", "HEAD")
+        return commit + ("+dirty" if git("status", "--porcelain", "--", ".") else "")
+    return None
+
+
+def record_environment(run_dir: Path, from_round: int, found: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Write ``found`` as the stretch that starts at ``from_round`` (round 1: a new run, any earlier record
+    dropped; later: a resume, appended). Returns what differs from the run's first recorded stretch, as
+    {key: (then, now)} over ``BITWISE_KEYS``: empty for a new run or one resumed where it began."""
+    path = run_dir / ENVIRONMENT
+    stretches: list[dict[str, Any]] = []
+    if from_round > 1 and path.is_file():
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            stretches = [s for s in json.loads(path.read_text()).get("stretches", []) if s.get("from_round", 0)
+                         < from_round]
+    first = stretches[0] if stretches else None
+    stretches.append({"from_round": from_round, **found})
+    path.write_text(json.dumps({"stretches": stretches}, indent=2) + "\n")
+    if first is None:
+        return {}
+    return {key: (first.get(key), found.get(key)) for key in BITWISE_KEYS if first.get(key) != found.get(key)}
+
+
+def changed_line(name: str, from_round: int, changed: dict[str, tuple[Any, Any]]) -> str:
+    """The warning a resume on different ground gives."""
+    what = ", ".join(f"{key} {then} -> {now}" for key, (then, now) in changed.items())
+    return (f"{name}: resumed at round {from_round} on another environment than the run began on ({what}; "
+            f"{ENVIRONMENT}): rounds from {from_round} on are not bitwise those of an unbroken run")
