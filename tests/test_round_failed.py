@@ -10,10 +10,12 @@ import pytest
 import torch
 import yaml
 
+from fedlm.cli.commands import report_runs
 from fedlm.config import validate
 from fedlm.errors import RunStopped
 from fedlm.federation.executor import ClientFailure, ClientReport
 from fedlm.federation.simulation import InProcessExecutor
+from fedlm.run.environment import environment_note
 from fedlm.run.placement import Simulation
 from fedlm.run.recorder import read_metrics
 from fedlm.run.single import run_single
@@ -105,6 +107,10 @@ def test_a_run_records_its_environment_and_a_resume_on_other_threads_says_so(tmp
     assert [(s["from_round"], s["threads"]) for s in stretches] == [(1, 1), (2, 1), (3, 2)]
     assert stretches[0]["torch"] == torch.__version__ and stretches[0]["device"] == "cpu"
     assert stretches[0]["processes"] == 1
+    # a comparison over runs on different ground says so, naming what differs; one on the same ground does not
+    assert "threads: 1, 2" in report_runs([run_dir])
+    assert environment_note([run_dir]).startswith("Note: these runs ran on different environments")
+    assert environment_note([tmp_path / "nothing recorded"]) == ""
 
 
 def _scaling(client_id: int, factor: float, rounds: tuple[int, ...] = (1,)) -> type[InProcessExecutor]:

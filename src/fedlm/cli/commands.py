@@ -72,6 +72,7 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
     import yaml
 
     from fedlm.run.downstream import downstream_scores
+    from fedlm.run.environment import environment_note
     from fedlm.run.recorder import read_metrics
     from fedlm.run.report import pivot_table, plot_grid, plot_run, summarize
     from fedlm.run.rundir import run_dirs
@@ -110,6 +111,7 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
                         "give one with --equivalence-band")
     band = band if band is not None else next(iter(bands - {None}), None)
     text = seeded_table(rows, target, direction, band) if rows else "(no runs)\n"
+    text += environment_note(run_dirs(paths))
     if cells:
         text += "\n" + pivot_table(merge_cells(cells, keys))
     print(text)

@@ -14,6 +14,7 @@ import contextlib
 import json
 import platform
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,21 @@ def changed_line(name: str, from_round: int, changed: dict[str, tuple[Any, Any]]
     what = ", ".join(f"{key} {then} -> {now}" for key, (then, now) in changed.items())
     return (f"{name}: resumed at round {from_round} on another environment than the run began on ({what}; "
             f"{ENVIRONMENT}): rounds from {from_round} on are not bitwise those of an unbroken run")
+
+
+def environment_note(run_dirs: Iterable[Path]) -> str:
+    """A line for a comparison whose runs ran on different ground (any ``BITWISE_KEYS`` value that differs
+    between their recorded stretches), naming the values; '' when they agree or record nothing."""
+    seen: dict[str, set[str]] = {}
+    for run_dir in run_dirs:
+        path = run_dir / ENVIRONMENT
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            for stretch in json.loads(path.read_text()).get("stretches", []):
+                for key in BITWISE_KEYS:
+                    seen.setdefault(key, set()).add(str(stretch.get(key)))
+    differing = {key: values for key, values in seen.items() if len(values) > 1}
+    if not differing:
+        return ""
+    what = "; ".join(f"{key}: {', '.join(sorted(values))}" for key, values in differing.items())
+    return (f"Note: these runs ran on different environments, resumed stretches included ({what}; each run's "
+            f"{ENVIRONMENT}), so their numbers differ in the last digits for that reason too, and long runs by more.\n")

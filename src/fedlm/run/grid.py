@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fedlm.config import ExperimentConfig, GridRun, expand_runs
 from fedlm.run.downstream import run_downstream, task_of
+from fedlm.run.environment import environment_note
 from fedlm.run.lock import run_lock
 from fedlm.run.placement import Placement
 from fedlm.run.recorder import finished, read_metrics, slug
@@ -73,6 +74,7 @@ def _run_grid_locked(config: ExperimentConfig, runs: list[GridRun], data_dir: Pa
     plot_grid(list(curves.items()), target, root / "comparison.png", f"{config.name}: {target} per round",
               config.eval.headline)
     table = seeded_table(rows, target, direction, config.eval.equivalence_band)
+    table += environment_note(root / slug(run.label) for run in runs)
     (root / "comparison.md").write_text(table)
     print(table)
     return root
