@@ -131,6 +131,10 @@ def test_fedbert_t2_divergence_rule_and_the_single_client_side(capsys) -> None:
     # T4's second row wants Single - Head-Emd Avg below 0: a single client 20 perplexity better in each seed
     runs = grid(SINGLE=[180.0, 190.0, 200.0], HEADEMD=[200.0, 211.0, 219.0], EMDAVG=[200.0, 211.0, 219.0])
     assert v2.paired(runs, v2.SINGLE, v2.HEADEMD) == [-20.0, -21.0, -19.0]
+    # at its best round a single client that overfits is scored by its lowest perplexity over the trained rounds
+    overfit = {**runs, v2.SINGLE: {**runs[v2.SINGLE], 0: [*runs[v2.SINGLE][0], {"test_perplexity": 400.0}]}}
+    assert v2.best_against(overfit, v2.SINGLE, v2.EMDAVG) == [-20.0, -21.0, -19.0]
+    assert v2.paired(overfit, v2.SINGLE, v2.EMDAVG)[0] == 200.0
     v2.claims(runs)
     printed = capsys.readouterr().out
     assert "| T4 Single client better than Head-Emd Avg: Single - Head-Emd Avg below 0 | -20.0 [" in printed
