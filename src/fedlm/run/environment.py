@@ -22,6 +22,7 @@ import torch
 import transformers
 
 import fedlm
+from fedlm.federation.durable import write_text_atomic
 
 ENVIRONMENT = "environment.json"
 # What changes a run's numbers if it changes mid-run; versions of other libraries and the platform are recorded too.
@@ -70,7 +71,7 @@ def record_environment(run_dir: Path, from_round: int, found: dict[str, Any]) ->
                          < from_round]
     first = stretches[0] if stretches else None
     stretches.append({"from_round": from_round, **found})
-    path.write_text(json.dumps({"stretches": stretches}, indent=2) + "\n")
+    write_text_atomic(path, json.dumps({"stretches": stretches}, indent=2) + "\n")  # a crash keeps the history
     if first is None:
         return {}
     return {key: (first.get(key), found.get(key)) for key in BITWISE_KEYS if first.get(key) != found.get(key)}
