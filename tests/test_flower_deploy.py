@@ -12,6 +12,7 @@ import shutil
 import signal
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,7 +43,18 @@ def runtime_dir(monkeypatch):
     folder = tempfile.mkdtemp(prefix="fl")
     monkeypatch.setenv("XDG_RUNTIME_DIR", folder)
     yield folder
+    _kill_workers_under(folder)  # a worker a test started outlives it otherwise (its parent is pytest's parent)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _kill_workers_under(folder: str) -> None:
+    """SIGKILL every process whose command line names ``folder`` (the node workers, by their socket path)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if folder in cmdline.read_bytes().decode(errors="replace"):
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile, or not ours
+            continue
 
 
 def _train_message(experiment: str, params: dict[str, torch.Tensor], round_idx: int) -> Message:
