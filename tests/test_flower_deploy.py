@@ -70,30 +70,26 @@ def test_node_worker_prepares_once_answers_like_the_in_process_app_and_survives_
     params = {n: p.detach().clone() for n, p in prepare(config, tiny_csv).model.named_parameters()}
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "data-dir": str(tiny_csv),
                                                         "threads": 1}, state=RecordDict(), run_config={})
-    link = nodeapp.WorkerLink(*nodeapp.worker_paths(1, str(tiny_csv)))
-    try:
-        first = nodeapp.client_app(_train_message(experiment, params, 1), context)
-        reference = build_client_app()(_train_message(experiment, params, 1), context)
-        assert not first.has_error() and not reference.has_error()
-        got, want = from_array_record(first.content["arrays"]), from_array_record(reference.content["arrays"])
-        assert list(got) == list(want)
-        for name, value in want.items():
-            assert torch.allclose(got[name], value, atol=1e-6), name
-        assert first.content["metrics"]["num-examples"] == reference.content["metrics"]["num-examples"]
+    link = nodeapp.WorkerLink(*nodeapp.worker_paths(1, str(tiny_csv)))  # runtime_dir's teardown stops it
+    first = nodeapp.client_app(_train_message(experiment, params, 1), context)
+    reference = build_client_app()(_train_message(experiment, params, 1), context)
+    assert not first.has_error() and not reference.has_error()
+    got, want = from_array_record(first.content["arrays"]), from_array_record(reference.content["arrays"])
+    assert list(got) == list(want)
+    for name, value in want.items():
+        assert torch.allclose(got[name], value, atol=1e-6), name
+    assert first.content["metrics"]["num-examples"] == reference.content["metrics"]["num-examples"]
 
-        nodeapp.client_app(_train_message(experiment, params, 2), context)
-        status = nodeapp.worker_status(link)
-        assert status["prepares"] == 1  # the second message reused the prepared experiment
-        assert status["threads"] == 1  # the node config's threads reached the worker
+    nodeapp.client_app(_train_message(experiment, params, 2), context)
+    status = nodeapp.worker_status(link)
+    assert status["prepares"] == 1  # the second message reused the prepared experiment
+    assert status["threads"] == 1  # the node config's threads reached the worker
 
-        os.kill(status["pid"], signal.SIGKILL)  # the worker dies between jobs: the next job starts another
-        again = nodeapp.client_app(_train_message(experiment, params, 3), context)
-        assert not again.has_error()
-        restarted = nodeapp.worker_status(link)
-        assert restarted["pid"] != status["pid"] and restarted["prepares"] == 1
-    finally:
-        if link.socket_path.exists():
-            os.kill(nodeapp.worker_status(link)["pid"], signal.SIGKILL)
+    os.kill(status["pid"], signal.SIGKILL)  # the worker dies between jobs: the next job starts another
+    again = nodeapp.client_app(_train_message(experiment, params, 3), context)
+    assert not again.has_error()
+    restarted = nodeapp.worker_status(link)
+    assert restarted["pid"] != status["pid"] and restarted["prepares"] == 1
 
 
 def test_node_threads_must_be_a_positive_integer(task_identity):

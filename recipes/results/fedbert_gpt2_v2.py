@@ -22,7 +22,7 @@ import matplotlib
 import yaml
 from fedbert_tables import perplexity, seed_dirs, traffic
 from fednlp_20news_table import paired as paired_by_seed
-from fedsplitbert_long import equivalence_verdict, interval, verdict
+from fedsplitbert_long import NOT_RUN, equivalence_verdict, interval, verdict
 from matplotlib.ticker import MaxNLocator
 
 from fedlm.run.recorder import read_metrics
@@ -142,7 +142,7 @@ def fedavg5_diverges(runs: dict) -> tuple[str, str]:
     fedavg5, start, central = runs.get(FEDAVG5, {}), runs.get(START, {}), runs.get(CENTRAL, {})
     seeds = sorted(s for s in fedavg5 if s in start and s in central)
     if not seeds:
-        return "not run", "not run"
+        return NOT_RUN, NOT_RUN
     values = ", ".join(f"{final(fedavg5[s]):.1f} (start {final(start[s]):.0f}, 2 x Centralized "
                        f"{2 * final(central[s]):.1f})" for s in seeds)
     if all(final(fedavg5[s]) > final(start[s]) for s in seeds):

@@ -84,7 +84,8 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
     rows, cells, keys, bands = [], [], [], set()
     curves: dict[str, tuple[str, list[list[dict]]]] = {}
     target, direction, split = "", "max", "test"
-    for run_dir in run_dirs(paths):
+    found = run_dirs(paths)
+    for run_dir in found:
         target, direction = get_task(json.loads((run_dir / "data.json").read_text())["task"]).target_metric()
         records = read_metrics(run_dir)
         plot_run(records, target, run_dir, run_dir.name)
@@ -111,7 +112,7 @@ def report_runs(paths: list[Path], rows_key: str | None = None, cols_key: str | 
                         "give one with --equivalence-band")
     band = band if band is not None else next(iter(bands - {None}), None)
     text = seeded_table(rows, target, direction, band) if rows else "(no runs)\n"
-    text += environment_note(run_dirs(paths))
+    text += environment_note(found)
     if cells:
         text += "\n" + pivot_table(merge_cells(cells, keys))
     print(text)

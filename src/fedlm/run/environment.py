@@ -64,17 +64,23 @@ def record_environment(run_dir: Path, from_round: int, found: dict[str, Any]) ->
     dropped; later: a resume, appended). Returns what differs from the run's first recorded stretch, as
     {key: (then, now)} over ``BITWISE_KEYS``: empty for a new run or one resumed where it began."""
     path = run_dir / ENVIRONMENT
-    stretches: list[dict[str, Any]] = []
-    if from_round > 1 and path.is_file():
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            stretches = [s for s in json.loads(path.read_text()).get("stretches", []) if s.get("from_round", 0)
-                         < from_round]
+    stretches = [s for s in read_stretches(run_dir) if s.get("from_round", 0) < from_round] if from_round > 1 else []
     first = stretches[0] if stretches else None
     stretches.append({"from_round": from_round, **found})
     write_text_atomic(path, json.dumps({"stretches": stretches}, indent=2) + "\n")  # a crash keeps the history
     if first is None:
         return {}
     return {key: (first.get(key), found.get(key)) for key in BITWISE_KEYS if first.get(key) != found.get(key)}
+
+
+def read_stretches(run_dir: Path) -> list[dict[str, Any]]:
+    """The stretches a run's environment.json records; none when it has no such file or an unreadable one (a run
+    written before fedlm recorded its environment)."""
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        stretches = json.loads((run_dir / ENVIRONMENT).read_text()).get("stretches", [])
+        if isinstance(stretches, list) and all(isinstance(s, dict) for s in stretches):
+            return stretches
+    return []
 
 
 def changed_line(name: str, from_round: int, changed: dict[str, tuple[Any, Any]]) -> str:
@@ -89,11 +95,9 @@ def environment_note(run_dirs: Iterable[Path]) -> str:
     between their recorded stretches), naming the values; '' when they agree or record nothing."""
     seen: dict[str, set[str]] = {}
     for run_dir in run_dirs:
-        path = run_dir / ENVIRONMENT
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            for stretch in json.loads(path.read_text()).get("stretches", []):
-                for key in BITWISE_KEYS:
-                    seen.setdefault(key, set()).add(str(stretch.get(key)))
+        for stretch in read_stretches(run_dir):
+            for key in BITWISE_KEYS:
+                seen.setdefault(key, set()).add(str(stretch.get(key)))
     differing = {key: values for key, values in seen.items() if len(values) > 1}
     if not differing:
         return ""
