@@ -174,3 +174,40 @@ def test_table6_seeds_all_come_from_runs_and_seed0_is_checked_against_the_md(tmp
                   "| Centralized | 73.7 | 0.688 | 0.689 | 0.502 | 0.199 | **0.581** |\n"
                   "| Head-Emd Share carry | 84.3 | 0.702 | 0.684 | 0.503 | 0.178 | 0.555 |\n\nafter\n")
     assert table6.reproduction(scores, md) == ["Head-Emd Share carry RTE acc: Table 6 0.503, rerun 0.502"]
+
+
+def test_table6_claims_are_paired_by_seed_and_judged_by_their_fixed_rules(capsys) -> None:
+    import fedbert_finetune_seeds as columns
+    import fedbert_tables as table6
+
+    # 2026-11-24's finals: Head-Emd Avg - EmdAvg = -8.3 / -21.0 / -29.6, whose interval fedbert.md quotes
+    finals = {"Head-Emd Avg": {0: 344.1, 1: 253.9, 2: 339.7}, "EmdAvg": {0: 352.4, 1: 274.9, 2: 369.3},
+              "FedAvg": {0: 600.0, 1: 610.0, 2: 620.0}, "Parallel FedAvg": {0: 601.0, 1: 611.0, 2: 621.0},
+              "Single client": {0: 700.0, 1: 710.0, 2: 720.0}, "Centralized": {0: 100.0, 1: 110.0}}
+    assert table6.paired(finals, "Head-Emd Avg", "EmdAvg") == pytest.approx([-8.3, -21.0, -29.6])
+    table6.claims(finals)
+    printed = capsys.readouterr().out
+    assert "| -19.6 [-46.3, +7.0] (3 seeds) | within noise |" in printed
+    assert "(band ±3% of FedAvg's mean, ±18.3): Parallel FedAvg - FedAvg | +1.0 / +1.0 / +1.0 |" in printed
+    assert "+1.0 [+1.0, +1.0] (3 seeds) | holds |" in printed
+    # Single client's interval is 710 ± 24.8: above FedAvg's mean 610, not above a method whose mean is 700
+    single = table6.SeedStats((700.0, 710.0, 720.0))
+    assert table6.single_above(single, finals["FedAvg"]) == "holds"
+    assert table6.single_above(single, {0: 690.0, 1: 710.0}) == "does not hold here"
+    assert table6.single_above(single, None) == "not run"
+    parallel_far = {**finals, "Parallel FedAvg": {0: 630.0, 1: 640.0, 2: 650.0}}
+    table6.claims(parallel_far)
+    assert "+30.0 [+30.0, +30.0] (3 seeds) | does not hold here |" in capsys.readouterr().out
+
+    def probe(**by_method: list[float]) -> dict:
+        return {getattr(columns, name, name): {seed: {columns.PROBE: v} for seed, v in enumerate(values)}
+                for name, values in by_method.items()}
+
+    clear = probe(CENTRAL=[0.57, 0.58, 0.575], START=[0.50, 0.51, 0.509], CARRY=[0.55, 0.565, 0.55])
+    assert columns.centralized_best_on_probe(clear) == "holds"
+    close = probe(CENTRAL=[0.57, 0.58, 0.575], START=[0.50, 0.51, 0.509], CARRY=[0.58, 0.56, 0.57])
+    assert columns.centralized_best_on_probe(close) == "within noise"
+    beaten = probe(CENTRAL=[0.57, 0.58, 0.575], START=[0.60, 0.61, 0.605])
+    assert columns.centralized_best_on_probe(beaten) == "does not hold here"
+    assert columns.centralized_best_on_probe(probe(START=[0.5, 0.5])) == "not run"
+    assert columns.helps(clear) == ["Centralized SST-2 probe acc", "Head-Emd Share carry SST-2 probe acc"]

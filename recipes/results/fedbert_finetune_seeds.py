@@ -22,7 +22,7 @@ import yaml
 from fedbert_tables import seed_dirs
 
 from fedlm.run.downstream import downstream_scores
-from fedlm.run.seeds import SeedStats, overlap, paired_difference
+from fedlm.run.seeds import SeedStats, equivalence, mean_interval, overlap, paired_difference
 
 # method -> its run directories' label in the grid (baselines by their label, grid entries as method=<label>)
 LABELS = {"start (untrained)": "start (untrained)", "Centralized": "Centralized", "FedAvg": "method=FedAvg",
@@ -32,6 +32,8 @@ LABELS = {"start (untrained)": "start (untrained)", "Centralized": "Centralized"
 TASKS = [("sst2 accuracy", "SST-2 acc"), ("mrpc accuracy", "MRPC acc"), ("rte accuracy", "RTE acc"),
          ("stsb pearson", "STS-B Pearson"), ("sst2-probe accuracy", "SST-2 probe acc")]
 START, PROBE = "start (untrained)", "sst2-probe accuracy"
+CENTRAL, CARRY = "Centralized", "Head-Emd Share carry"
+PROBE_BAND = 0.02  # carry ~ Centralized on the probe: accuracy, fixed 2026-11-24 05:35 UTC before the runs
 
 
 def table6_seed0(md: Path) -> dict[str, dict[str, float]]:
@@ -73,10 +75,54 @@ def reproduction(scores: dict[str, dict[int, dict[str, float]]], md: Path) -> li
     return found
 
 
+def diffs(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], key: str) -> list[float]:
+    """a's score minus b's on ``key``, for every seed both have."""
+    return [a[s][key] - b[s][key] for s in sorted(a) if s in b and key in a[s] and key in b[s]]
+
+
 def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], key: str) -> str:
     """a minus b on the seeds both have (``paired_difference``)."""
-    diffs = [a[s][key] - b[s][key] for s in sorted(a) if s in b and key in a[s] and key in b[s]]
-    return paired_difference(diffs, words=("higher", "lower"))
+    return paired_difference(diffs(a, b, key), words=("higher", "lower"))
+
+
+def centralized_best_on_probe(scores: dict[str, dict[int, dict[str, float]]]) -> str:
+    """The rule fixed before the runs: holds when Centralized has the highest probe mean and its paired difference
+    against every other row lies above 0; within noise when highest but some interval covers 0; does not hold
+    when another row's paired difference against Centralized lies above 0 (or it is highest and not
+    Centralized)."""
+    if CENTRAL not in scores:
+        return "not run"
+    lows, highs = [], []
+    for method in scores:
+        if method == CENTRAL:
+            continue
+        found = diffs(scores[CENTRAL], scores[method], PROBE)
+        if len(found) < 2:
+            return "not measurable here (fewer than 2 seeds)"
+        mean, _, half = mean_interval(found)
+        lows.append(mean - half)
+        highs.append(mean + half)
+    means = {m: SeedStats(tuple(s[PROBE] for s in by_seed.values() if PROBE in s)).mean
+             for m, by_seed in scores.items()}
+    if min(highs) < 0:
+        return "does not hold here"
+    if max(means, key=means.get) != CENTRAL:
+        return "does not hold here (another row has the highest mean)"
+    return "holds" if min(lows) > 0 else "within noise"
+
+
+def helps(scores: dict[str, dict[int, dict[str, float]]]) -> list[str]:
+    """(method, task) pairs whose paired difference against the untrained start lies above 0."""
+    found = []
+    for method in scores:
+        for key, name in TASKS:
+            if method != START and START in scores:
+                values = diffs(scores[method], scores[START], key)
+                if len(values) > 1:
+                    mean, _, half = mean_interval(values)
+                    if mean - half > 0:
+                        found.append(f"{method} {name}")
+    return found
 
 
 def main() -> None:
@@ -112,6 +158,10 @@ def main() -> None:
         if method != "Centralized" and method in scores and "Centralized" in scores:
             print(f"- vs {method}: {paired(scores['Centralized'], scores[method], PROBE)}")
     print()
+    print(f"- Centralized best on the probe: {centralized_best_on_probe(scores)}")
+    carry = equivalence(diffs(scores.get(CENTRAL, {}), scores.get(CARRY, {}), PROBE), PROBE_BAND)
+    print(f"- Head-Emd Share carry close to Centralized on the probe (Centralized - carry): {carry.text(3)}")
+    print(f"- Pre-training helps (paired difference against the start above 0): {', '.join(helps(scores)) or 'none'}")
     for key, name in TASKS:
         rows = [stats[m][key] for m in LABELS if m in stats and stats[m][key].n > 1]
         ranked = any(overlap(a, b) is False for i, a in enumerate(rows) for b in rows[i + 1:])

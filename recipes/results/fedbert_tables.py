@@ -1,32 +1,33 @@
 """Prints the tables of recipes/results/fedbert.md from finished FedBERT runs, one row per method with mean ± sd
-over the seeds found, then one verdict line per compared pair ("within noise" when the 95% intervals overlap).
+over the seeds found, then Table 6's claims as same-seed (paired) differences of the final perplexity with their
+95% t-intervals, each judged by the rule fixed before its runs (fedbert.md quotes the rules beside the numbers).
 
     .venv/bin/python recipes/results/fedbert_tables.py runs/fedbert-roberta [more grid dirs of the same recipe]
     .venv/bin/python recipes/results/fedbert_tables.py runs/fedbert-gpt2
 """
+
+from __future__ import annotations
 
 import re
 import sys
 from pathlib import Path
 
 import yaml
+from fedsplitbert_long import NOT_RUN, equivalence_verdict, interval, verdict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
 from fedlm.models.cut import Cut, SplitModel
 from fedlm.run.downstream import downstream_scores
 from fedlm.run.recorder import read_metrics, slug
-from fedlm.run.seeds import SeedStats, verdict
+from fedlm.run.seeds import SeedStats, equivalence
 
 METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share",
            "method=Head-Emd Share carry", "method=EmdAvg",
            "method=Head-Emd Avg", "method=Parallel FedAvg", "Single client"]
 DOWNSTREAM = [("sst2 accuracy", "SST-2 acc"), ("mrpc accuracy", "MRPC acc"), ("rte accuracy", "RTE acc"),
               ("stsb pearson", "STS-B Pearson"), ("sst2-probe accuracy", "SST-2 probe acc")]
-# the pairs the paper's claims compare (lower perplexity is better)
-PAIRS = [("Centralized", "Head-Emd Share carry"), ("Head-Emd Share carry", "Head-Emd Share"),
-         ("Head-Emd Avg", "EmdAvg"), ("FedAvg", "Head-Emd Avg"), ("FedAvg", "Parallel FedAvg"),
-         ("Head-Emd Share", "Head-Emd Avg"), ("Single client", "FedAvg"), ("Single client", "Head-Emd Avg"),
-         ("Single client", "EmdAvg")]
+FEDERATED = ["FedAvg", "Head-Emd Share", "Head-Emd Share carry", "EmdAvg", "Head-Emd Avg", "Parallel FedAvg"]
+PARALLEL_BAND = 0.03  # Parallel FedAvg ~ FedAvg: a share of FedAvg's mean final perplexity, fixed 2026-11-24
 
 
 def client_share(run_dir: Path) -> str:
@@ -81,7 +82,6 @@ def main(roots: list[Path]) -> None:
           + " | ".join(c for _, c in cols) + (" | " if cols else "")
           + "client trains | MB up / down per client per round |")
     print("|---|---|---|---|" + "---|" * len(cols) + "---|---|")
-    finals: dict[str, SeedStats] = {}
     spread_note: list[str] = []
     for label in METHODS:
         runs = seed_dirs(roots, label)
@@ -91,7 +91,6 @@ def main(roots: list[Path]) -> None:
         records = [read_metrics(r) for r in runs]
         starts = [perplexity(rec[0]) for rec in records]
         ends = [perplexity(rec[-1]) for rec in records]
-        finals[name] = stats(ends)
         rounds = min(len(rec) for rec in records)
         curve = " / ".join(f"{stats([perplexity(rec[i]) for rec in records]).mean:.0f}" for i in range(1, rounds))
         trained = f"{stats(starts).mean:.0f} -> {pm(ends, 1)}" if rounds > 1 else f"{pm(starts, 0)} (no training)"
@@ -109,11 +108,67 @@ def main(roots: list[Path]) -> None:
     print()
     for note in spread_note:
         print(f"- {note}")
-    print()
-    for a, b in PAIRS:
-        if a in finals and b in finals:
-            print(f"- {verdict(a, finals[a], b, finals[b], 'min')}")
+    claims(final_by_seed(roots))
 
+
+def final_by_seed(roots: list[Path]) -> dict[str, dict[int, float]]:
+    """method -> seed -> final test perplexity, for every finished run under ``roots``."""
+    finals: dict[str, dict[int, float]] = {}
+    for label in METHODS:
+        for run_dir in seed_dirs(roots, label):
+            seed = int(yaml.safe_load((run_dir / "config.yaml").read_text()).get("seed", 0))
+            finals.setdefault(label.removeprefix("method="), {})[seed] = perplexity(read_metrics(run_dir)[-1])
+    return finals
+
+
+def paired(finals: dict[str, dict[int, float]], a: str, b: str) -> list[float]:
+    """a's final perplexity minus b's, for every seed both have."""
+    left, right = finals.get(a, {}), finals.get(b, {})
+    return [left[s] - right[s] for s in sorted(left) if s in right]
+
+
+def claims(finals: dict[str, dict[int, float]]) -> None:
+    """Table 6's claims on the final perplexity (lower is better), each a same-seed difference with its 95%
+    t-interval, judged by the rule fixed before its runs."""
+    print("\n| claim | difference of final perplexity, per seed | mean [95% interval] | verdict |\n|---|---|---|---|")
+
+    def row(claim: str, a: str, b: str, judge) -> None:
+        diffs = paired(finals, a, b)
+        text, word = interval(diffs, 1)
+        print(f"| {claim}: {a} - {b} | {' / '.join(f'{d:+.1f}' for d in diffs) or '-'} | {text} "
+              f"| {judge(diffs, word)} |")
+
+    for method in FEDERATED:
+        row("Centralized is best", method, "Centralized", lambda d, w: verdict(w))
+    row("Head-Emd Share carry close to Centralized", "Head-Emd Share carry", "Centralized",
+        lambda d, w: NOT_RUN if w == NOT_RUN else "not measurable here (no equivalence band fixed before the runs)")
+    row("Carrying the optimizer state helps Head-Emd Share (not pre-registered)", "Head-Emd Share carry",
+        "Head-Emd Share", lambda d, w: verdict(w, wanted="below 0"))
+    row("Head-Emd Avg beats EmdAvg", "Head-Emd Avg", "EmdAvg", lambda d, w: verdict(w, wanted="below 0"))
+    row("FedAvg about as good as Head-Emd Avg (does not hold if above 0)", "FedAvg", "Head-Emd Avg",
+        lambda d, w: "does not hold here" if w == "above 0" else
+        w if w == NOT_RUN else "not measurable here (no equivalence band fixed before the runs)")
+    fedavg = finals.get("FedAvg", {})
+    band = PARALLEL_BAND * sum(fedavg.values()) / len(fedavg) if fedavg else None
+    row(f"Parallel FedAvg equals FedAvg (band ±{PARALLEL_BAND:.0%} of FedAvg's mean, ±{band or 0:.1f})",
+        "Parallel FedAvg", "FedAvg", lambda d, w: equivalence_verdict(equivalence(d, band)))
+    row("Head-Emd Share (fresh AdamW per turn) stalls against Head-Emd Avg", "Head-Emd Share", "Head-Emd Avg",
+        lambda d, w: verdict(w))
+    single = SeedStats(tuple(finals.get("Single client", {}).values()))
+    for method in FEDERATED:
+        row("Every federated method beats a single client (Single's 95% interval above the method's mean)",
+            method, "Single client", lambda d, w, m=method: single_above(single, finals.get(m)))
+
+
+def single_above(single: SeedStats, method: dict[int, float] | None) -> str:
+    """The single-client rule fixed 2026-11-24 (Table 8's): a federated method beats one client alone when Single
+    client's 95% interval over its seeds lies above the method's mean; inside or below it does not hold."""
+    if not method or not single.n:
+        return NOT_RUN
+    if single.interval is None:
+        return "not measurable here (fewer than 2 seeds)"
+    mean = sum(method.values()) / len(method)
+    return "holds" if single.interval[0] > mean else "does not hold here"
 
 if __name__ == "__main__":
     main([Path(p) for p in sys.argv[1:]])
