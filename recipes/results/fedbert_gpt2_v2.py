@@ -18,18 +18,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import matplotlib
 import yaml
-from fedbert_tables import perplexity, seed_dirs, traffic
+from fedbert_tables import perplexity, plot, seed_dirs, traffic
 from fednlp_20news_table import paired as paired_by_seed
 from fedsplitbert_long import NOT_RUN, equivalence_verdict, interval, verdict
-from matplotlib.ticker import MaxNLocator
 
 from fedlm.run.recorder import read_metrics
 from fedlm.run.seeds import SeedStats, equivalence
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 START, CENTRAL, SINGLE = "start (untrained)", "Centralized", "Single client (Centralized's steps)"
 FEDAVG1, FEDAVG5 = "FedAvg-1 (average every epoch)", "FedAvg-5 (average every 5 epochs)"
@@ -152,30 +147,6 @@ def fedavg5_diverges(runs: dict) -> tuple[str, str]:
     return values, "neither (reported as is)"
 
 
-def plot(runs: dict, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, name in enumerate(SETTINGS):
-        seeds = runs.get(name)
-        if not seeds or name == START:
-            continue
-        records = [seeds[s] for s in sorted(seeds)]
-        rounds = min(len(r) for r in records)
-        values = [[perplexity(r[i]) for r in records] for i in range(rounds)]
-        means = [sum(v) / len(v) for v in values]
-        ax.plot(range(rounds), means, color=f"C{i}", label=name, marker="o", markersize=3)
-        ax.fill_between(range(rounds), [min(v) for v in values], [max(v) for v in values], color=f"C{i}", alpha=0.15)
-    ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("test perplexity (WikiText-2)")
-    ax.set_title("FedBERT Table 8 redone: GPT-2 4x128, 5 IID clients (seed mean, range)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    print(f"\nwrote {out}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="the grid directory (runs/fedbert-gpt2-v2)")
@@ -185,7 +156,8 @@ def main() -> None:
     table(runs, seen)
     claims(runs)
     if args.plot:
-        plot(runs, args.plot)
+        plot({name: runs[name] for name in SETTINGS if name in runs and name != START}, args.plot,
+             "FedBERT Table 8 redone: GPT-2 4x128, 5 IID clients (seed mean, range)")
 
 
 if __name__ == "__main__":

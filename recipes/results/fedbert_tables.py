@@ -2,24 +2,31 @@
 over the seeds found, then Table 6's claims as same-seed (paired) differences of the final perplexity with their
 95% t-intervals, each judged by the rule fixed before its runs (fedbert.md quotes the rules beside the numbers).
 
-    .venv/bin/python recipes/results/fedbert_tables.py runs/fedbert-roberta [more grid dirs of the same recipe]
+    .venv/bin/python recipes/results/fedbert_tables.py runs/fedbert-roberta [more grid dirs] [--plot curves.png]
     .venv/bin/python recipes/results/fedbert_tables.py runs/fedbert-gpt2
+
+``--plot``: test perplexity per round (log scale), each method's seed mean with its seeds' range.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 from pathlib import Path
 
+import matplotlib
 import yaml
 from fedsplitbert_long import NOT_RUN, equivalence_verdict, interval, verdict
+from matplotlib.ticker import MaxNLocator
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
 from fedlm.models.cut import Cut, SplitModel
 from fedlm.run.downstream import downstream_scores
 from fedlm.run.recorder import read_metrics, slug
 from fedlm.run.seeds import SeedStats, equivalence
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 
 METHODS = ["start (untrained)", "Centralized", "method=FedAvg", "method=Head-Emd Share",
            "method=Head-Emd Share carry", "method=EmdAvg",
@@ -75,7 +82,7 @@ def traffic(records: list[list[dict]]) -> str:
     return f"{sum(ups) / len(ups):.1f} / {sum(downs) / len(downs):.1f}" if ups else "-"
 
 
-def main(roots: list[Path]) -> None:
+def tables(roots: list[Path]) -> None:
     lm = "roberta" in roots[0].name
     cols = DOWNSTREAM if lm else []
     print("| method | test perplexity: start -> final, mean ± sd (seeds) | final per seed | per round (seed mean) | "
@@ -111,14 +118,20 @@ def main(roots: list[Path]) -> None:
     claims(final_by_seed(roots))
 
 
-def final_by_seed(roots: list[Path]) -> dict[str, dict[int, float]]:
-    """method -> seed -> final test perplexity, for every finished run under ``roots``."""
-    finals: dict[str, dict[int, float]] = {}
+def curves(roots: list[Path]) -> dict[str, dict[int, list[dict]]]:
+    """method -> seed -> metric records, for every finished run under ``roots``."""
+    found: dict[str, dict[int, list[dict]]] = {}
     for label in METHODS:
         for run_dir in seed_dirs(roots, label):
             seed = int(yaml.safe_load((run_dir / "config.yaml").read_text()).get("seed", 0))
-            finals.setdefault(label.removeprefix("method="), {})[seed] = perplexity(read_metrics(run_dir)[-1])
-    return finals
+            found.setdefault(label.removeprefix("method="), {})[seed] = read_metrics(run_dir)
+    return found
+
+
+def final_by_seed(roots: list[Path]) -> dict[str, dict[int, float]]:
+    """method -> seed -> final test perplexity, for every finished run under ``roots``."""
+    return {name: {seed: perplexity(records[-1]) for seed, records in seeds.items()}
+            for name, seeds in curves(roots).items()}
 
 
 def paired(finals: dict[str, dict[int, float]], a: str, b: str) -> list[float]:
@@ -170,5 +183,43 @@ def single_above(single: SeedStats, method: dict[int, float] | None) -> str:
     mean = sum(method.values()) / len(method)
     return "holds" if single.interval[0] > mean else "does not hold here"
 
+def plot(runs: dict[str, dict[int, list[dict]]], out: Path, title: str) -> None:
+    """Perplexity per round on a log scale: each method's seed mean, its seeds' range shaded; runs without
+    training rounds (the untrained start) are left out."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (name, seeds) in enumerate(runs.items()):
+        records = [seeds[s] for s in sorted(seeds)]
+        rounds = min(len(r) for r in records)
+        if rounds < 2:
+            continue
+        values = [[perplexity(r[k]) for r in records] for k in range(rounds)]
+        ax.plot(range(rounds), [sum(v) / len(v) for v in values], color=f"C{i}", label=name, marker="o",
+                markersize=3)
+        ax.fill_between(range(rounds), [min(v) for v in values], [max(v) for v in values], color=f"C{i}", alpha=0.15)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("test perplexity (WikiText-2)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"\nwrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", type=Path, nargs="+", help="grid directories of one recipe (their seeds pooled)")
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    tables(args.roots)
+    if args.plot:
+        runs = curves(args.roots)
+        seeds = sorted({s for by_seed in runs.values() for s in by_seed})
+        plot(runs, args.plot, f"FedBERT: {args.roots[0].name}, seeds {', '.join(map(str, seeds))} "
+             "(seed mean, range)")
+
+
 if __name__ == "__main__":
-    main([Path(p) for p in sys.argv[1:]])
+    main()
