@@ -1,6 +1,7 @@
 """Prints the tables of recipes/results/fedbert.md from finished FedBERT runs, one row per method with mean ± sd
-over the seeds found, then Table 6's claims as same-seed (paired) differences of the final perplexity with their
-95% t-intervals, each judged by the rule fixed before its runs (fedbert.md quotes the rules beside the numbers).
+over the seeds found, then (for Table 6's RoBERTa grids) its claims as same-seed (paired) differences of the final
+perplexity with their 95% t-intervals, each judged by the rule fixed before its runs (fedbert.md quotes the rules
+beside the numbers).
 
     .venv/bin/python recipes/results/fedbert_tables.py runs/fedbert-roberta [more grid dirs] [--plot curves.png]
     .venv/bin/python recipes/results/fedbert_tables.py runs/fedbert-gpt2
@@ -115,7 +116,8 @@ def tables(roots: list[Path]) -> None:
     print()
     for note in spread_note:
         print(f"- {note}")
-    claims(final_by_seed(roots))
+    if lm:  # the claims and their rules are Table 6's; Table 8's are fedbert_gpt2_v2.py's
+        claims(final_by_seed(roots))
 
 
 def curves(roots: list[Path]) -> dict[str, dict[int, list[dict]]]:
