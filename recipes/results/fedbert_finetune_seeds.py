@@ -20,9 +20,10 @@ from pathlib import Path
 
 import yaml
 from fedbert_tables import seed_dirs
+from fedsplitbert_long import interval
 
 from fedlm.run.downstream import downstream_scores
-from fedlm.run.seeds import SeedStats, equivalence, mean_interval, overlap, paired_difference
+from fedlm.run.seeds import SeedStats, equivalence, overlap, paired_difference
 
 # method -> its run directories' label in the grid (baselines by their label, grid entries as method=<label>)
 LABELS = {"start (untrained)": "start (untrained)", "Centralized": "Centralized", "FedAvg": "method=FedAvg",
@@ -92,37 +93,24 @@ def centralized_best_on_probe(scores: dict[str, dict[int, dict[str, float]]]) ->
     Centralized)."""
     if CENTRAL not in scores:
         return "not run"
-    lows, highs = [], []
-    for method in scores:
-        if method == CENTRAL:
-            continue
-        found = diffs(scores[CENTRAL], scores[method], PROBE)
-        if len(found) < 2:
-            return "not measurable here (fewer than 2 seeds)"
-        mean, _, half = mean_interval(found)
-        lows.append(mean - half)
-        highs.append(mean + half)
+    sides = [interval(diffs(scores[CENTRAL], scores[m], PROBE))[1] for m in scores if m != CENTRAL]
+    if "not measurable" in sides:
+        return "not measurable here (fewer than 2 seeds)"
     means = {m: SeedStats(tuple(s[PROBE] for s in by_seed.values() if PROBE in s)).mean
              for m, by_seed in scores.items()}
-    if min(highs) < 0:
+    if "below 0" in sides:
         return "does not hold here"
     if max(means, key=means.get) != CENTRAL:
         return "does not hold here (another row has the highest mean)"
-    return "holds" if min(lows) > 0 else "within noise"
+    return "holds" if all(side == "above 0" for side in sides) else "within noise"
 
 
 def helps(scores: dict[str, dict[int, dict[str, float]]]) -> list[str]:
     """(method, task) pairs whose paired difference against the untrained start lies above 0."""
-    found = []
-    for method in scores:
-        for key, name in TASKS:
-            if method != START and START in scores:
-                values = diffs(scores[method], scores[START], key)
-                if len(values) > 1:
-                    mean, _, half = mean_interval(values)
-                    if mean - half > 0:
-                        found.append(f"{method} {name}")
-    return found
+    if START not in scores:
+        return []
+    return [f"{method} {name}" for method in scores if method != START for key, name in TASKS
+            if interval(diffs(scores[method], scores[START], key))[1] == "above 0"]
 
 
 def main() -> None:

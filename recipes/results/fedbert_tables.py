@@ -17,6 +17,7 @@ from pathlib import Path
 
 import matplotlib
 import yaml
+from fednlp_20news_table import paired as paired_by_seed
 from fedsplitbert_long import NOT_RUN, equivalence_verdict, interval, verdict
 from matplotlib.ticker import MaxNLocator
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
@@ -83,7 +84,9 @@ def traffic(records: list[list[dict]]) -> str:
     return f"{sum(ups) / len(ups):.1f} / {sum(downs) / len(downs):.1f}" if ups else "-"
 
 
-def tables(roots: list[Path]) -> None:
+def tables(roots: list[Path], by_method: dict[str, dict[int, list[dict]]]) -> None:
+    """The method table from the run directories under ``roots``; for Table 6, its claims on ``by_method``
+    (``curves``)."""
     lm = "roberta" in roots[0].name
     cols = DOWNSTREAM if lm else []
     print("| method | test perplexity: start -> final, mean ± sd (seeds) | final per seed | per round (seed mean) | "
@@ -117,7 +120,7 @@ def tables(roots: list[Path]) -> None:
     for note in spread_note:
         print(f"- {note}")
     if lm:  # the claims and their rules are Table 6's; Table 8's are fedbert_gpt2_v2.py's
-        claims(final_by_seed(roots))
+        claims(final_by_seed(by_method))
 
 
 def curves(roots: list[Path]) -> dict[str, dict[int, list[dict]]]:
@@ -130,16 +133,14 @@ def curves(roots: list[Path]) -> dict[str, dict[int, list[dict]]]:
     return found
 
 
-def final_by_seed(roots: list[Path]) -> dict[str, dict[int, float]]:
-    """method -> seed -> final test perplexity, for every finished run under ``roots``."""
-    return {name: {seed: perplexity(records[-1]) for seed, records in seeds.items()}
-            for name, seeds in curves(roots).items()}
+def final_by_seed(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, float]]:
+    """method -> seed -> final test perplexity, from ``curves``."""
+    return {name: {seed: perplexity(records[-1]) for seed, records in seeds.items()} for name, seeds in runs.items()}
 
 
 def paired(finals: dict[str, dict[int, float]], a: str, b: str) -> list[float]:
     """a's final perplexity minus b's, for every seed both have."""
-    left, right = finals.get(a, {}), finals.get(b, {})
-    return [left[s] - right[s] for s in sorted(left) if s in right]
+    return paired_by_seed(finals.get(a, {}), finals.get(b, {}), float)
 
 
 def claims(finals: dict[str, dict[int, float]]) -> None:
@@ -215,9 +216,9 @@ def main() -> None:
     parser.add_argument("roots", type=Path, nargs="+", help="grid directories of one recipe (their seeds pooled)")
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
-    tables(args.roots)
+    runs = curves(args.roots)
+    tables(args.roots, runs)
     if args.plot:
-        runs = curves(args.roots)
         seeds = sorted({s for by_seed in runs.values() for s in by_seed})
         plot(runs, args.plot, f"FedBERT: {args.roots[0].name}, seeds {', '.join(map(str, seeds))} "
              "(seed mean, range)")
